@@ -1,0 +1,9 @@
+//! One module per subcommand; each exposes `Args` and `run`.
+
+pub mod audit;
+pub mod compute;
+pub mod logprobs;
+pub mod show;
+pub mod synth;
+pub mod validate;
+pub mod verify;

@@ -1,0 +1,56 @@
+//! `rlreplay`: read, audit, replay and train on logged LLM rollouts.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Reinforcement-learning post-training of LLM reasoners on logged rollouts.
+#[derive(Parser)]
+#[command(name = "rlreplay", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Per-step statistics of a rollout dataset.
+    Audit(commands::audit::Args),
+    /// Check a rollout dataset; exit 1 with a report when it has problems.
+    Validate(commands::validate::Args),
+    /// Show one rollout row, decoded when a tokenizer is given.
+    Show(commands::show::Args),
+    /// Write a synthetic rollout dataset in the seed layout.
+    Synth(commands::synth::Args),
+    /// Advantages, loss, per-token gradients and metrics of one batch given as JSON.
+    Compute(commands::compute::Args),
+    /// Per-token log-probs of responses under a Qwen3 model.
+    Logprobs(commands::logprobs::Args),
+    /// Grade predicted answers against gold answers with the math verifier.
+    Verify(commands::verify::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Audit(a) => commands::audit::run(a),
+        Command::Validate(a) => commands::validate::run(a),
+        Command::Show(a) => commands::show::run(a),
+        Command::Synth(a) => commands::synth::run(a),
+        Command::Compute(a) => commands::compute::run(a),
+        Command::Logprobs(a) => commands::logprobs::run(a),
+        Command::Verify(a) => commands::verify::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

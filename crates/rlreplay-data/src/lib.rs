@@ -1,0 +1,1 @@
+//! Rollout datasets: reading, validation, statistics, writing and synthesis of Parquet rollout shards.
