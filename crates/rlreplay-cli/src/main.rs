@@ -31,6 +31,8 @@ enum Command {
     Compute(commands::compute::Args),
     /// Per-token log-probs of responses under a Qwen3 model.
     Logprobs(commands::logprobs::Args),
+    /// Train a Qwen3 policy on a rollout dataset (exact replay or an off-policy schedule).
+    Replay(commands::replay::Args),
     /// Grade predicted answers against gold answers with the math verifier.
     Verify(commands::verify::Args),
 }
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Command::Synth(a) => commands::synth::run(a),
         Command::Compute(a) => commands::compute::run(a),
         Command::Logprobs(a) => commands::logprobs::run(a),
+        Command::Replay(a) => commands::replay::run(a),
         Command::Verify(a) => commands::verify::run(a),
     };
     match result {

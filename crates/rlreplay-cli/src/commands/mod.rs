@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod compute;
 pub mod logprobs;
+pub mod replay;
 pub mod show;
 pub mod synth;
 pub mod validate;
