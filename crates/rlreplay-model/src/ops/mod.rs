@@ -1,0 +1,162 @@
+//! Differentiable fused kernels for the Qwen3 training graph.
+//!
+//! Every op takes the packed layout (the tokens of all sequences concatenated, no batch dimension)
+//! and has a backward pass. On the CPU, f32 and f64 inputs run hand-written kernels
+//! (candle `CustomOp`s with `bwd`); every other device/dtype runs the differentiable composite
+//! reference in [`composite`].
+
+pub mod composite;
+
+use candle_core::{bail, Result, Tensor};
+
+/// Tokens per chunk of the lm_head in [`token_logprobs`].
+pub const LOGPROB_CHUNK: usize = 128;
+
+/// RMSNorm over the last dimension, `x / sqrt(mean(x²) + eps) * weight`, computed in f32 when `x`
+/// is half precision (Hugging Face Qwen3 semantics). `x: [.., H]`, `weight: [H]`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let h = x.dims().last().copied().unwrap_or(0);
+    if x.rank() == 0 || weight.dims() != [h] {
+        bail!(
+            "rms_norm: weight shape {:?} does not match the last dimension of x {:?}",
+            weight.dims(),
+            x.dims()
+        );
+    }
+    composite::rms_norm(x, weight, eps)
+}
+
+/// Rotary position embedding, rotate-half convention: `x * cos + rotate_half(x) * sin` with the
+/// `[T, D/2]` tables duplicated to `D`. `x: [T, heads, D]`.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (t, _heads, d) = x.dims3()?;
+    if d % 2 != 0 {
+        bail!("rope: head dimension {d} is odd");
+    }
+    for (name, table) in [("cos", cos), ("sin", sin)] {
+        if table.dims() != [t, d / 2] {
+            bail!(
+                "rope: {name} has shape {:?}, expected [{t}, {}]",
+                table.dims(),
+                d / 2
+            );
+        }
+    }
+    composite::rope(x, cos, sin)
+}
+
+/// SwiGLU gating `silu(gate) * up` for tensors of equal shape.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if gate.dims() != up.dims() {
+        bail!(
+            "swiglu: gate shape {:?} differs from up shape {:?}",
+            gate.dims(),
+            up.dims()
+        );
+    }
+    composite::swiglu(gate, up)
+}
+
+/// Checks the packed-attention arguments and returns `(T, Hq, Hkv, D)`.
+fn check_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seq_offsets: &[usize],
+) -> Result<(usize, usize, usize, usize)> {
+    let (t, hq, d) = q.dims3()?;
+    let (tk, hkv, dk) = k.dims3()?;
+    if k.dims() != v.dims() {
+        bail!(
+            "packed_causal_attention: k shape {:?} differs from v shape {:?}",
+            k.dims(),
+            v.dims()
+        );
+    }
+    if tk != t || dk != d || hkv == 0 || hq % hkv != 0 {
+        bail!(
+            "packed_causal_attention: q {:?} and k/v {:?} are incompatible \
+             (same T and D, q heads a multiple of kv heads)",
+            q.dims(),
+            k.dims()
+        );
+    }
+    if seq_offsets.first() != Some(&0)
+        || seq_offsets.last() != Some(&t)
+        || seq_offsets.windows(2).any(|w| w[0] > w[1])
+    {
+        bail!(
+            "packed_causal_attention: seq_offsets must start at 0, be non-decreasing and end at \
+             T={t}, got {seq_offsets:?}"
+        );
+    }
+    Ok((t, hq, hkv, d))
+}
+
+/// Block-diagonal causal attention over packed sequences: token `i` of sequence `s` attends to
+/// tokens `0..=i` of the same sequence; query head `h` uses KV head `h / (Hq / Hkv)`.
+/// `q: [T, Hq, D]`, `k, v: [T, Hkv, D]`, `seq_offsets`: sequence boundaries (`[0, .., T]`).
+/// Returns `[T, Hq, D]`.
+pub fn packed_causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seq_offsets: &[usize],
+    scale: f64,
+) -> Result<Tensor> {
+    let (t, _hq, _hkv, _d) = check_attention(q, k, v, seq_offsets)?;
+    if t == 0 {
+        return q.zeros_like();
+    }
+    composite::packed_causal_attention(q, k, v, seq_offsets, scale)
+}
+
+/// Per-token log-probabilities `log softmax(hidden · lm_headᵀ / τ)[target]` (`[N]`) and, when
+/// `want_entropy`, the entropy of `softmax(hidden · lm_headᵀ / τ)` (`[N]`). The `[N, V]` logits
+/// are never held whole. `hidden: [N, H]`, `lm_head: [V, H]`, `targets.len() == N`.
+pub fn token_logprobs(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &[u32],
+    temperature: f64,
+    want_entropy: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let (n, h) = hidden.dims2()?;
+    let (vocab, hw) = lm_head.dims2()?;
+    if hw != h {
+        bail!(
+            "token_logprobs: lm_head {:?} does not match hidden {:?}",
+            lm_head.dims(),
+            hidden.dims()
+        );
+    }
+    if targets.len() != n {
+        bail!(
+            "token_logprobs: {} targets for {n} hidden rows",
+            targets.len()
+        );
+    }
+    if let Some((row, &tok)) = targets
+        .iter()
+        .enumerate()
+        .find(|(_, &tok)| tok as usize >= vocab)
+    {
+        bail!("token_logprobs: target {tok} at row {row} is outside the vocabulary of {vocab}");
+    }
+    if !(temperature.is_finite() && temperature > 0.0) {
+        bail!("token_logprobs: temperature must be positive and finite, got {temperature}");
+    }
+    if n == 0 {
+        let empty = Tensor::zeros(0, hidden.dtype(), hidden.device())?;
+        let ent = want_entropy.then(|| empty.clone());
+        return Ok((empty, ent));
+    }
+    composite::token_logprobs(
+        hidden,
+        lm_head,
+        targets,
+        temperature,
+        want_entropy,
+        LOGPROB_CHUNK,
+    )
+}
