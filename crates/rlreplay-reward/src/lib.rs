@@ -1,1 +1,211 @@
-//! Rewards: a math answer verifier equivalent to math-verify and the multiple-choice grader.
+//! Rewards: a math answer verifier equivalent to math-verify 0.9.0 and the multiple-choice grader.
+//!
+//! * [`verify`] / [`MathVerifier`] grade a predicted answer against a gold answer, in the MaxRL
+//!   reward configuration ([`Mode::Maxrl`]) or math-verify's library defaults ([`Mode::Default`]).
+//! * [`mcq_reward`] scores SciKnowEval multiple-choice responses as the SDPO code does.
+//! * [`RewardDispatch`] routes a `data_source` to one of them.
+//!
+//! No Python runs: extraction, LaTeX normalisation, parsing and equivalence are implemented here,
+//! with a time limit per answer and bounded input sizes.
+#![warn(missing_docs)]
+
+mod compare;
+mod dispatch;
+pub mod expr;
+pub mod extract;
+pub mod latex;
+mod mcq;
+pub mod normalize;
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use dispatch::{RewardDispatch, RewardKind, RewardOutcome};
+pub use mcq::{mcq_reward, McqScore};
+
+use expr::{Budget, Stop};
+use extract::{extract, Extracted, Target};
+
+/// Which reward configuration to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The MaxRL/verl reward: the gold answer wrapped in `\boxed{}` and extracted as LaTeX; the
+    /// prediction extracted as a plain expression, then as LaTeX.
+    #[default]
+    Maxrl,
+    /// math-verify's library defaults: both sides extracted as LaTeX, then as expressions.
+    Default,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "maxrl" => Ok(Mode::Maxrl),
+            "default" => Ok(Mode::Default),
+            other => Err(format!(
+                "unknown verifier mode `{other}` (expected maxrl or default)"
+            )),
+        }
+    }
+}
+
+/// Resource limits of one verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock limit for extracting and comparing one answer pair.
+    pub time: Duration,
+    /// Longest text examined, in bytes; a longer prediction is cut to its last `max_bytes`
+    /// (the answer sits at the end of a response), a longer gold answer is rejected.
+    pub max_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            time: Duration::from_secs(1),
+            max_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// The result of one verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The prediction is equivalent to the gold answer.
+    pub correct: bool,
+    /// The time limit was reached (the verdict is then `false`).
+    pub timed_out: bool,
+    /// No answer could be extracted from the gold text (the verdict is then `false`).
+    pub gold_unparsed: bool,
+}
+
+impl Verdict {
+    /// 1.0 when correct, else 0.0.
+    pub fn reward(&self) -> f64 {
+        if self.correct {
+            1.0
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A verifier with a fixed mode and limits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MathVerifier {
+    /// Reward configuration.
+    pub mode: Mode,
+    /// Resource limits per answer.
+    pub limits: Limits,
+}
+
+impl MathVerifier {
+    /// A verifier for `mode` with default limits (1 s per answer).
+    pub fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Grades `pred` against `gold`.
+    pub fn verify(&self, gold: &str, pred: &str) -> Verdict {
+        verify(gold, pred, self.mode, &self.limits)
+    }
+}
+
+fn tail(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+fn same(g: &Extracted, p: &Extracted, b: &Budget) -> Result<bool, Stop> {
+    match (g, p) {
+        (Extracted::Value(g), Extracted::Value(p)) => compare::expr_eq(g, p, b),
+        (Extracted::Text(g), Extracted::Text(p)) => {
+            let (g, p) = (g.trim(), p.trim());
+            Ok(!g.is_empty() && g == p)
+        }
+        _ => Ok(false),
+    }
+}
+
+fn run(gold: &str, pred: &str, mode: Mode, b: &Budget) -> Result<(bool, bool), Stop> {
+    let (golds, preds) = match mode {
+        Mode::Maxrl => (
+            extract(&format!("\\boxed{{{gold}}}"), &[Target::Latex], b)?,
+            extract(pred, &[Target::Expr, Target::Latex], b)?,
+        ),
+        Mode::Default => (
+            extract(gold, &[Target::Latex, Target::Expr], b)?,
+            extract(pred, &[Target::Latex, Target::Expr], b)?,
+        ),
+    };
+    if golds.is_empty() {
+        return Ok((false, true));
+    }
+    for g in &golds {
+        for p in &preds {
+            // A failed comparison counts as "not equal", as in math-verify.
+            match same(g, p, b) {
+                Ok(true) => return Ok((true, false)),
+                Ok(false) | Err(Stop::Fail) => {}
+                Err(Stop::Timeout) => return Err(Stop::Timeout),
+            }
+        }
+    }
+    Ok((false, false))
+}
+
+/// Grades `pred` against `gold` in `mode` within `limits`. Never panics.
+pub fn verify(gold: &str, pred: &str, mode: Mode, limits: &Limits) -> Verdict {
+    let unparsed = Verdict {
+        correct: false,
+        timed_out: false,
+        gold_unparsed: true,
+    };
+    if gold.len() > limits.max_bytes {
+        return unparsed;
+    }
+    let pred = tail(pred, limits.max_bytes);
+    let budget = Budget::new(Instant::now() + limits.time);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run(gold, pred, mode, &budget)
+    }));
+    match outcome {
+        Ok(Ok((correct, gold_unparsed))) => Verdict {
+            correct,
+            timed_out: false,
+            gold_unparsed,
+        },
+        Ok(Err(Stop::Timeout)) => Verdict {
+            correct: false,
+            timed_out: true,
+            gold_unparsed: false,
+        },
+        Ok(Err(Stop::Fail)) | Err(_) => Verdict {
+            correct: false,
+            timed_out: false,
+            gold_unparsed: false,
+        },
+    }
+}
+
+/// Grades many `(gold, pred)` pairs in parallel (rayon); verdicts come back in input order.
+pub fn verify_batch(verifier: &MathVerifier, pairs: &[(String, String)]) -> Vec<Verdict> {
+    use rayon::prelude::*;
+    pairs
+        .par_iter()
+        .map(|(g, p)| verifier.verify(g, p))
+        .collect()
+}

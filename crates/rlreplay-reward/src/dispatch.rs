@@ -1,0 +1,147 @@
+//! Reward dispatch by `data_source`: math sets to the math verifier, SciKnowEval to the MCQ grader.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{mcq_reward, Limits, MathVerifier, Mode};
+
+/// Which reward function scores a data source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewardKind {
+    /// The math verifier in the given mode.
+    Math(Mode),
+    /// The multiple-choice grader.
+    Mcq,
+}
+
+impl std::str::FromStr for RewardKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mcq" => Ok(RewardKind::Mcq),
+            "math" | "maxrl" => Ok(RewardKind::Math(Mode::Maxrl)),
+            "math-default" | "default" => Ok(RewardKind::Math(Mode::Default)),
+            other => Err(format!(
+                "unknown reward kind `{other}` (expected math, maxrl, math-default or mcq)"
+            )),
+        }
+    }
+}
+
+/// The outcome of scoring one response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewardOutcome {
+    /// The reward (0.0 or 1.0).
+    pub reward: f64,
+    /// The verifier ran out of time (the reward is then 0).
+    pub timed_out: bool,
+    /// Why no reward could be computed (e.g. an unparsable gold answer), if so.
+    pub error: Option<String>,
+}
+
+/// Maps `data_source` values to reward functions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewardDispatch {
+    /// Exact `data_source` -> reward kind.
+    pub rules: BTreeMap<String, RewardKind>,
+    /// The kind used for sources without a rule.
+    pub fallback: RewardKind,
+    /// Limits of the math verifier.
+    #[serde(skip)]
+    pub limits: Limits,
+}
+
+impl Default for RewardDispatch {
+    /// `sciknoweval` -> MCQ; every other source (polaris, aime25, beyondaime, minerva, MATH-500,
+    /// ...) -> the math verifier with the MaxRL reward, as verl's MaxRL reward manager does.
+    fn default() -> Self {
+        let rules = BTreeMap::from([("sciknoweval".to_string(), RewardKind::Mcq)]);
+        Self {
+            rules,
+            fallback: RewardKind::Math(Mode::Maxrl),
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl RewardDispatch {
+    /// Adds or replaces the rule for `source`.
+    pub fn with_rule(mut self, source: &str, kind: RewardKind) -> Self {
+        self.rules.insert(source.to_string(), kind);
+        self
+    }
+
+    /// Adds rules from a `source=kind,source=kind` string (kinds: math, maxrl, math-default, mcq).
+    pub fn with_rules_str(mut self, spec: &str) -> Result<Self, String> {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (src, kind) = item
+                .split_once('=')
+                .ok_or_else(|| format!("reward rule `{item}` is not of the form source=kind"))?;
+            self.rules
+                .insert(src.trim().to_string(), kind.trim().parse()?);
+        }
+        Ok(self)
+    }
+
+    /// The reward kind for `data_source`.
+    pub fn kind(&self, data_source: &str) -> RewardKind {
+        self.rules
+            .get(data_source)
+            .copied()
+            .unwrap_or(self.fallback)
+    }
+
+    /// Scores `response_text` against `ground_truth` with the function for `data_source`.
+    pub fn score(
+        &self,
+        data_source: &str,
+        ground_truth: &str,
+        response_text: &str,
+    ) -> RewardOutcome {
+        match self.kind(data_source) {
+            RewardKind::Mcq => RewardOutcome {
+                reward: mcq_reward(response_text, ground_truth).score,
+                timed_out: false,
+                error: None,
+            },
+            RewardKind::Math(mode) => {
+                let v = MathVerifier {
+                    mode,
+                    limits: self.limits,
+                }
+                .verify(ground_truth, response_text);
+                RewardOutcome {
+                    reward: v.reward(),
+                    timed_out: v.timed_out,
+                    error: v.gold_unparsed.then(|| {
+                        format!(
+                            "no answer could be extracted from the ground truth {ground_truth:?}"
+                        )
+                    }),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_source() {
+        let d = RewardDispatch::default();
+        assert_eq!(
+            d.score("sciknoweval", "B", "<answer>B</answer>").reward,
+            1.0
+        );
+        assert_eq!(d.score("polaris", "12", "so \\boxed{12}").reward, 1.0);
+        assert_eq!(d.score("aime25", "12", "so \\boxed{13}").reward, 0.0);
+        let d = d.with_rules_str("polaris=mcq").unwrap();
+        assert_eq!(d.kind("polaris"), RewardKind::Mcq);
+        assert!(RewardDispatch::default().with_rules_str("x=nope").is_err());
+    }
+}

@@ -1,0 +1,420 @@
+//! The expression tree answers are parsed into, with exact rational and floating evaluation.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use num_bigint::BigInt;
+use num_rational::BigRational;
+use num_traits::{One, Signed, ToPrimitive, Zero};
+
+/// Why an evaluation or a parse stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The time limit was reached.
+    Timeout,
+    /// The input cannot be handled (syntax, domain, size).
+    Fail,
+}
+
+/// A deadline checked inside the parser and evaluator loops.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    deadline: Instant,
+}
+
+impl Budget {
+    /// A budget ending at `deadline`.
+    pub fn new(deadline: Instant) -> Self {
+        Self { deadline }
+    }
+
+    /// `Err(Stop::Timeout)` once the deadline has passed.
+    pub fn check(&self) -> Result<(), Stop> {
+        if Instant::now() >= self.deadline {
+            Err(Stop::Timeout)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Relation operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelOp {
+    /// `=`
+    Eq,
+    /// `\neq`
+    Ne,
+    /// `<`
+    Lt,
+    /// `\le`
+    Le,
+    /// `>`
+    Gt,
+    /// `\ge`
+    Ge,
+}
+
+impl RelOp {
+    /// The relation with both sides swapped (`a < b` is `b > a`).
+    pub fn flipped(self) -> RelOp {
+        match self {
+            RelOp::Lt => RelOp::Gt,
+            RelOp::Gt => RelOp::Lt,
+            RelOp::Le => RelOp::Ge,
+            RelOp::Ge => RelOp::Le,
+            o => o,
+        }
+    }
+}
+
+/// Set operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetOp {
+    /// `\cup`
+    Union,
+    /// `\cap`
+    Intersection,
+    /// `\setminus`
+    Minus,
+}
+
+/// A parsed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expr {
+    /// An exact rational number (an integer when the denominator is 1).
+    Num(BigRational),
+    /// A decimal literal.
+    Float(f64),
+    /// A (lower-cased) symbol.
+    Sym(String),
+    /// π.
+    Pi,
+    /// Euler's number.
+    E,
+    /// +∞.
+    Inf,
+    /// The imaginary unit.
+    I,
+    /// A sum.
+    Add(Vec<Expr>),
+    /// A product.
+    Mul(Vec<Expr>),
+    /// A power.
+    Pow(Box<Expr>, Box<Expr>),
+    /// A named function applied to arguments.
+    Func(String, Vec<Expr>),
+    /// A percentage: the value times 1/100, kept unevaluated.
+    Pct(Box<Expr>),
+    /// A binary relation.
+    Rel(RelOp, Box<Expr>, Box<Expr>),
+    /// A chain of relations (`a = b = c`, `1 < x < 2`).
+    And(Vec<Expr>),
+    /// A finite set.
+    Set(Vec<Expr>),
+    /// An ordered tuple.
+    Tuple(Vec<Expr>),
+    /// An interval with its open/closed ends.
+    Interval(Box<Expr>, Box<Expr>, bool, bool),
+    /// A set operation.
+    SetOp(SetOp, Box<Expr>, Box<Expr>),
+    /// A named set (`reals`, `integers`, `naturals`, `rationals`, `complexes`, `empty`).
+    NamedSet(&'static str),
+    /// A matrix, row-major.
+    Matrix(Vec<Vec<Expr>>),
+}
+
+/// Largest integer exponent evaluated exactly.
+const MAX_EXACT_EXP: u64 = 4096;
+/// Largest number of bits of an exact intermediate value.
+const MAX_BITS: u64 = 1 << 16;
+/// Largest argument of an exact factorial.
+const MAX_FACTORIAL: u64 = 2000;
+
+impl Expr {
+    /// An integer literal.
+    pub fn int(v: i64) -> Expr {
+        Expr::Num(BigRational::from_integer(BigInt::from(v)))
+    }
+
+    /// `-e`, folding literals the way the LaTeX converter does.
+    pub fn neg(e: Expr) -> Expr {
+        match e {
+            Expr::Num(r) => Expr::Num(-r),
+            Expr::Float(f) => Expr::Float(-f),
+            other => Expr::Mul(vec![Expr::int(-1), other]),
+        }
+    }
+
+    /// `a - b`.
+    pub fn sub(a: Expr, b: Expr) -> Expr {
+        Expr::Add(vec![a, Expr::neg(b)])
+    }
+
+    /// True for an integer literal.
+    pub fn is_integer(&self) -> bool {
+        matches!(self, Expr::Num(r) if r.is_integer())
+    }
+
+    /// True for a scalar (not a relation, set, tuple or matrix).
+    pub fn is_scalar(&self) -> bool {
+        !matches!(
+            self,
+            Expr::Rel(..)
+                | Expr::And(_)
+                | Expr::Set(_)
+                | Expr::Tuple(_)
+                | Expr::Interval(..)
+                | Expr::SetOp(..)
+                | Expr::NamedSet(_)
+                | Expr::Matrix(_)
+        )
+    }
+
+    /// The free symbols.
+    pub fn symbols(&self, out: &mut BTreeSet<String>) {
+        match self {
+            Expr::Sym(s) => {
+                out.insert(s.clone());
+            }
+            Expr::Add(v) | Expr::Mul(v) | Expr::Func(_, v) | Expr::And(v) | Expr::Set(v) => {
+                v.iter().for_each(|e| e.symbols(out))
+            }
+            Expr::Tuple(v) => v.iter().for_each(|e| e.symbols(out)),
+            Expr::Pow(a, b) | Expr::Rel(_, a, b) | Expr::SetOp(_, a, b) => {
+                a.symbols(out);
+                b.symbols(out);
+            }
+            Expr::Interval(a, b, ..) => {
+                a.symbols(out);
+                b.symbols(out);
+            }
+            Expr::Pct(a) => a.symbols(out),
+            Expr::Matrix(rows) => rows.iter().flatten().for_each(|e| e.symbols(out)),
+            _ => {}
+        }
+    }
+
+    /// Exact value when the expression is a rational number built from literals.
+    pub fn exact(&self, budget: &Budget) -> Result<Option<BigRational>, Stop> {
+        budget.check()?;
+        let too_big = |r: &BigRational| r.numer().bits() + r.denom().bits() > MAX_BITS;
+        Ok(match self {
+            Expr::Num(r) => Some(r.clone()),
+            Expr::Pct(a) => a
+                .exact(budget)?
+                .map(|r| r / BigRational::from_integer(BigInt::from(100))),
+            Expr::Add(v) => {
+                let mut acc = BigRational::zero();
+                for e in v {
+                    let Some(x) = e.exact(budget)? else {
+                        return Ok(None);
+                    };
+                    acc += x;
+                    if too_big(&acc) {
+                        return Ok(None);
+                    }
+                }
+                Some(acc)
+            }
+            Expr::Mul(v) => {
+                let mut acc = BigRational::one();
+                for e in v {
+                    let Some(x) = e.exact(budget)? else {
+                        return Ok(None);
+                    };
+                    acc *= x;
+                    if too_big(&acc) {
+                        return Ok(None);
+                    }
+                }
+                Some(acc)
+            }
+            Expr::Pow(b, e) => {
+                let (Some(b), Some(e)) = (b.exact(budget)?, e.exact(budget)?) else {
+                    return Ok(None);
+                };
+                if !e.is_integer() {
+                    return Ok(exact_root(&b, &e));
+                }
+                let n = e.to_integer();
+                let Some(mag) = n.abs().to_u64() else {
+                    return Ok(None);
+                };
+                if mag > MAX_EXACT_EXP
+                    || (b.numer().bits() + b.denom().bits()).saturating_mul(mag) > MAX_BITS
+                {
+                    return Ok(None);
+                }
+                if b.is_zero() && n.is_negative() {
+                    return Ok(None);
+                }
+                let p = num_traits::pow(b, mag as usize);
+                Some(if n.is_negative() { p.recip() } else { p })
+            }
+            Expr::Func(name, args) if name == "factorial" && args.len() == 1 => {
+                let Some(n) = args[0].exact(budget)? else {
+                    return Ok(None);
+                };
+                if !n.is_integer() || n.is_negative() {
+                    return Ok(None);
+                }
+                let Some(n) = n.to_integer().to_u64().filter(|&n| n <= MAX_FACTORIAL) else {
+                    return Ok(None);
+                };
+                let mut acc = BigInt::one();
+                for k in 2..=n {
+                    acc *= k;
+                }
+                Some(BigRational::from_integer(acc))
+            }
+            Expr::Func(name, args) if name == "binomial" && args.len() == 2 => {
+                let (Some(n), Some(k)) = (args[0].exact(budget)?, args[1].exact(budget)?) else {
+                    return Ok(None);
+                };
+                let (Some(n), Some(k)) = (
+                    n.is_integer().then(|| n.to_integer().to_i64()).flatten(),
+                    k.is_integer().then(|| k.to_integer().to_i64()).flatten(),
+                ) else {
+                    return Ok(None);
+                };
+                if n < 0 || k > 10_000 {
+                    return Ok(None);
+                }
+                if k < 0 || k > n {
+                    return Ok(Some(BigRational::zero()));
+                }
+                let mut acc = BigInt::one();
+                for i in 0..k {
+                    acc = acc * BigInt::from(n - i) / BigInt::from(i + 1);
+                }
+                Some(BigRational::from_integer(acc))
+            }
+            Expr::Func(name, args) if name == "abs" && args.len() == 1 => {
+                args[0].exact(budget)?.map(|r| r.abs())
+            }
+            _ => None,
+        })
+    }
+
+    /// Floating value with the symbols taking values from `env`.
+    pub fn eval(&self, env: &dyn Fn(&str) -> Option<f64>, budget: &Budget) -> Result<f64, Stop> {
+        budget.check()?;
+        Ok(match self {
+            Expr::Num(r) => r.to_f64().ok_or(Stop::Fail)?,
+            Expr::Float(f) => *f,
+            Expr::Sym(s) => env(s).ok_or(Stop::Fail)?,
+            Expr::Pi => std::f64::consts::PI,
+            Expr::E => std::f64::consts::E,
+            Expr::Inf => f64::INFINITY,
+            Expr::Pct(a) => a.eval(env, budget)? / 100.0,
+            Expr::Add(v) => {
+                let mut acc = 0.0;
+                for e in v {
+                    acc += e.eval(env, budget)?;
+                }
+                acc
+            }
+            Expr::Mul(v) => {
+                let mut acc = 1.0;
+                for e in v {
+                    acc *= e.eval(env, budget)?;
+                }
+                acc
+            }
+            Expr::Pow(b, e) => {
+                let bv = b.eval(env, budget)?;
+                let ev = e.eval(env, budget)?;
+                if bv < 0.0 && ev.fract() != 0.0 {
+                    // Odd roots of negative numbers (real branch), as for the cube root of -8.
+                    let inv = 1.0 / ev;
+                    if (inv - inv.round()).abs() < 1e-12 && (inv.round() as i64) % 2 != 0 {
+                        return Ok(-(-bv).powf(ev));
+                    }
+                    return Err(Stop::Fail);
+                }
+                bv.powf(ev)
+            }
+            Expr::Func(name, args) => {
+                let mut vals = Vec::with_capacity(args.len());
+                for a in args {
+                    vals.push(a.eval(env, budget)?);
+                }
+                eval_func(name, &vals).ok_or(Stop::Fail)?
+            }
+            _ => return Err(Stop::Fail),
+        })
+    }
+}
+
+/// `b^e` for a rational `e = p/q` when `b` is a perfect `q`-th power.
+fn exact_root(b: &BigRational, e: &BigRational) -> Option<BigRational> {
+    let q = e.denom().to_u32()?;
+    if q > 64 || b.is_negative() {
+        return None;
+    }
+    let rn = b.numer().nth_root(q);
+    let rd = b.denom().nth_root(q);
+    if num_traits::pow(rn.clone(), q as usize) != *b.numer()
+        || num_traits::pow(rd.clone(), q as usize) != *b.denom()
+    {
+        return None;
+    }
+    let root = BigRational::new(rn, rd);
+    let p = e.numer().to_i32()?;
+    if p.unsigned_abs() as u64 > MAX_EXACT_EXP {
+        return None;
+    }
+    if root.is_zero() && p < 0 {
+        return None;
+    }
+    Some(num_traits::Pow::pow(root, p))
+}
+
+fn factorial_f64(x: f64) -> Option<f64> {
+    if x < 0.0 || x.fract() != 0.0 || x > 170.0 {
+        return None;
+    }
+    Some((2..=x as u64).fold(1.0, |a, k| a * k as f64))
+}
+
+fn eval_func(name: &str, v: &[f64]) -> Option<f64> {
+    let one = |f: fn(f64) -> f64| (v.len() == 1).then(|| f(v[0]));
+    let r = match name {
+        "sin" => one(f64::sin)?,
+        "cos" => one(f64::cos)?,
+        "tan" => one(f64::tan)?,
+        "cot" => one(|x| 1.0 / x.tan())?,
+        "sec" => one(|x| 1.0 / x.cos())?,
+        "csc" => one(|x| 1.0 / x.sin())?,
+        "asin" => one(f64::asin)?,
+        "acos" => one(f64::acos)?,
+        "atan" => one(f64::atan)?,
+        "sinh" => one(f64::sinh)?,
+        "cosh" => one(f64::cosh)?,
+        "tanh" => one(f64::tanh)?,
+        "exp" => one(f64::exp)?,
+        "ln" => one(f64::ln)?,
+        "log" if v.len() == 1 => v[0].ln(),
+        "log" if v.len() == 2 => v[0].ln() / v[1].ln(),
+        "abs" => one(f64::abs)?,
+        "floor" => one(f64::floor)?,
+        "ceil" => one(f64::ceil)?,
+        "factorial" if v.len() == 1 => factorial_f64(v[0])?,
+        "binomial" if v.len() == 2 => {
+            let (n, k) = (v[0], v[1]);
+            if n.fract() != 0.0 || k.fract() != 0.0 || k < 0.0 || n > 1e6 {
+                return None;
+            }
+            let mut acc = 1.0;
+            for i in 0..k as u64 {
+                acc = acc * (n - i as f64) / (i as f64 + 1.0);
+            }
+            acc
+        }
+        "max" if !v.is_empty() => v.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        "min" if !v.is_empty() => v.iter().cloned().fold(f64::INFINITY, f64::min),
+        _ => return None,
+    };
+    (!r.is_nan()).then_some(r)
+}

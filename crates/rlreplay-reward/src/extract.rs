@@ -1,0 +1,348 @@
+//! Answer extraction by math-verify's priorities: final-answer phrases, `\boxed{}`, `answer:`,
+//! plain LaTeX environments, plain expressions and numbers; within a priority the rightmost match
+//! that converts wins.
+
+use std::sync::LazyLock;
+
+use fancy_regex::{Captures, Regex};
+
+use crate::expr::{Budget, Expr, Stop};
+use crate::latex::{number_from_str, parse_latex};
+use crate::normalize::{normalize_latex, BoxedMode};
+
+/// What an answer text is searched for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// LaTeX environments and boxes (`LatexExtractionConfig()`).
+    Latex,
+    /// Plain expressions and numbers (`ExprExtractionConfig()`).
+    Expr,
+}
+
+/// One extracted candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Extracted {
+    /// A parsed expression.
+    Value(Expr),
+    /// The raw (normalised) text of the first match, kept as a fallback.
+    Text(String),
+}
+
+const MAX_NEXT: usize = 5;
+
+fn latex_env(prefix: &str, boxed: bool) -> String {
+    let pct = format!(r"(?P<{prefix}percent>(?:\\?%|[Pp]ercent|[Pp]ercentage|[Pp]ct))");
+    let dd = r"(?:[^$]|\$(?!\$))";
+    let db = r"(?:[^\\]|\\(?!\]))";
+    let id = r"(?:\\[$]|[^\n$])";
+    let ip = r"(?:[^\\\n]|\\(?!\)))";
+    let ib = r"[^\n\]\[]";
+    let wrap = |c: &str| {
+        if boxed {
+            format!(r"{c}*?\\boxed\{{{c}+?\}}{c}*?")
+        } else {
+            format!("{c}+?")
+        }
+    };
+    let mut pats = vec![
+        format!(
+            r"(?<!\\)\$\$(?P<{prefix}latexDisplayDollar>{})(?<!\\)\$\$",
+            wrap(dd)
+        ),
+        format!(
+            r"(?<!\\)\\\[(?P<{prefix}latexDisplayBracket>{})(?<!\\)\\\]",
+            wrap(db)
+        ),
+        format!(
+            r"(?<![\\\d])\$(?P<{prefix}latexInlineDollar>{})(?<!\\)\$",
+            wrap(id)
+        ),
+        format!(
+            r"(?<!\\)\\\((?P<{prefix}latexInlineParenthesis>{})(?<!\\)\\\)",
+            wrap(ip)
+        ),
+        format!(r"\s\[(?P<{prefix}latexInlineBracket>{})\]\s", wrap(ib)),
+    ];
+    if !boxed {
+        let n = r"-?\d+(?:[.,]\d+)?";
+        pats.push(format!(
+            r"(?P<{prefix}latexFraction>-?\\frac\{{{n}\}}\{{{n}\}})"
+        ));
+    }
+    format!(r"(?:(?:{})\s*{pct}?)", pats.join("|"))
+}
+
+fn compile(p: &str) -> Regex {
+    Regex::new(p).expect("static extraction regex")
+}
+
+/// (regex, priority) of the LaTeX target.
+static LATEX_RES: LazyLock<Vec<(Regex, i32)>> = LazyLock::new(|| {
+    let next: String = (1..=MAX_NEXT)
+        .map(|i| {
+            format!(
+                r"(?:\s*(?:,?and|,?or|,)\s*{})?",
+                latex_env(&format!("next{i}_"), false)
+            )
+        })
+        .collect();
+    let envs = format!("(?:{}{next})", latex_env("first_", false));
+    let mut v = vec![
+        (format!(r"(?i:final answer is)\:?\s*{envs}\.?\s?I hope"), 0),
+        (
+            format!(r"(?i:final answer.{{0,100}}?)\s+is\:?\s*{envs}"),
+            50,
+        ),
+        (format!(r"(?i:answer):.{{0,50}}?{envs}"), 100),
+        (format!(r"(?i:answer).{{0,50}}?{envs}"), 200),
+        (envs.clone(), 300),
+    ];
+    let next_boxed: String = (1..=MAX_NEXT)
+        .map(|i| {
+            format!(
+                r"\s*(?:\s*(?:,?and|,?or|,)\s*{})?",
+                latex_env(&format!("next{i}_"), true)
+            )
+        })
+        .collect();
+    v.push((format!("{}{next_boxed}", latex_env("first_", true)), 50));
+    v.push((r"(?P<first_latexBoxed>\\boxed\{.+\})".to_string(), 50));
+    v.into_iter()
+        .map(|(p, prio)| (compile(&format!("(?s){p}")), prio))
+        .collect()
+});
+
+/// (regex, priority) of the plain-expression target.
+static EXPR_RES: LazyLock<Vec<(Regex, i32)>> = LazyLock::new(|| {
+    let number = r"(?<!\d)(?:(?P<integer1>-?[1-9]\d{0,2}(?:[ ,]\d{3})+)(?P<decimal1>\.\d+)?|(?P<integer2>-?\d+)(?P<decimal2>[.,]\d+)|(?P<decimal3>\.\d+)|(?P<integer3>-?\d+))(?P<percent>\s*(?:%|[Pp]ercent|\s*[Pp]ercentage|\s*[Pp]ct))?";
+    let ops = r"+\-*×/^()÷";
+    let all = format!(r"[\d\.\s{ops}]");
+    let expr = format!(r"(?P<expr>-?\(?-?\d{all}*[{ops}]{all}+\)?)");
+    let currency = "$€£¥₹₽₪₩₫฿₡₢₣₤₥₦₧₨₩₪₫₭₮₯₰₱₲₳₴₵₶₷₸₹₺₻₼₽₾₿";
+    let prefix = r"(?:^|\s|\=)(?:\*\*)?";
+    // Python's `$` also matches before a final newline.
+    let suffix = r"(?:\*\*)?(?:\.|,|:|\s|\)|\$|(?=\n?\z))";
+    let expr_anch = format!("(?:{prefix}{expr}{suffix})");
+    let num_anch = format!("(?:{prefix}[{currency}]?{number})");
+    let either = format!("(?:{expr_anch}|{num_anch})");
+    [
+        (
+            format!(r"(?i:final answer is)\:?\s*{either}\.?\s?I hope"),
+            0,
+        ),
+        (format!(r"(?i:final answer.{{0,100}}?)\s+is\:?{either}"), 50),
+        (
+            format!(r"(?i:answer):(?:.{{0,100}}=\s*|.{{0,50}}?){either}(?!\s*=)"),
+            100,
+        ),
+        (
+            format!(r"(?i:answer)(?:.{{0,100}}=\s*|.{{0,50}}?){either}(?!\s*=)"),
+            200,
+        ),
+        (expr_anch, 300),
+        (num_anch, 300),
+    ]
+    .into_iter()
+    .map(|(p, prio)| (compile(&p), prio))
+    .collect()
+});
+
+static COMPLEX: LazyLock<Regex> = LazyLock::new(|| {
+    compile(
+        r"\\mathbb\{C\}|\\i\b|\bi\b|\\text\{i\}|\\mathrm\{i\}|\\imath\b|\\det|\\operatorname\{tr\}|\\operatorname\{rank\}|\\text\{rank\}|\\arg\{|\\Re\{|\\Im\{|\\operatorname\{Re\}|\\operatorname\{Im\}|\\text\{Re\}|\\text\{Im\}",
+    )
+});
+
+fn looks_complex(s: &str) -> bool {
+    COMPLEX.is_match(s).unwrap_or(false)
+}
+
+/// Splits on `=` not preceded by `\`, `<`, `!` or `>` and keeps the last part, when there are at
+/// least three parts and no `,`/`;`.
+fn last_equation(s: &str) -> Option<&str> {
+    if s.contains(',') || s.contains(';') {
+        return None;
+    }
+    let mut parts = 1;
+    let mut last_start = 0;
+    let mut prev = None;
+    for (i, c) in s.char_indices() {
+        if c == '=' && !matches!(prev, Some('\\') | Some('<') | Some('!') | Some('>')) {
+            parts += 1;
+            last_start = i + 1;
+        }
+        prev = Some(c);
+    }
+    (parts > 2).then(|| &s[last_start..])
+}
+
+fn parse_normalized(s: &str, budget: &Budget) -> Result<Expr, Stop> {
+    match parse_latex(s, looks_complex(s), budget) {
+        Ok(e) => Ok(e),
+        Err(Stop::Timeout) => Err(Stop::Timeout),
+        Err(Stop::Fail) => match last_equation(s) {
+            Some(last) => parse_latex(last, looks_complex(last), budget),
+            None => Err(Stop::Fail),
+        },
+    }
+}
+
+fn pct(e: Expr) -> Expr {
+    Expr::Pct(Box::new(e))
+}
+
+fn extract_latex(
+    caps: &Captures,
+    re: &Regex,
+    budget: &Budget,
+) -> Result<(Option<Expr>, String), Stop> {
+    let names: Vec<&str> = re.capture_names().flatten().collect();
+    let mut exprs: Vec<Option<Expr>> = Vec::new();
+    let mut strs: Vec<String> = Vec::new();
+    let prefixes =
+        std::iter::once("first".to_string()).chain((1..=MAX_NEXT).map(|i| format!("next{i}")));
+    for prefix in prefixes {
+        let latex_prefix = format!("{prefix}_latex");
+        let Some((name, m)) = names
+            .iter()
+            .filter(|n| n.starts_with(&latex_prefix))
+            .find_map(|n| {
+                caps.name(n)
+                    .filter(|m| !m.as_str().is_empty())
+                    .map(|m| (*n, m))
+            })
+        else {
+            continue;
+        };
+        let is_pct = caps.name(&format!("{prefix}_percent")).is_some();
+        let mode = if name.ends_with("latexBoxed") {
+            BoxedMode::Last
+        } else {
+            BoxedMode::All
+        };
+        let norm = normalize_latex(m.as_str(), mode);
+        let parsed = match parse_normalized(&norm, budget) {
+            Ok(e) => Some(if is_pct { pct(e) } else { e }),
+            Err(Stop::Timeout) => return Err(Stop::Timeout),
+            Err(Stop::Fail) => None,
+        };
+        strs.push(norm);
+        exprs.push(parsed);
+    }
+    if exprs.is_empty() {
+        return Ok((None, String::new()));
+    }
+    if exprs.len() > 1 && exprs.iter().all(Option::is_some) {
+        let mut all = Vec::new();
+        for e in exprs.into_iter().flatten() {
+            match e {
+                Expr::Set(v) => all.extend(v),
+                e => all.push(e),
+            }
+        }
+        return Ok((Some(Expr::Set(all)), strs.join(" and ")));
+    }
+    Ok((exprs.into_iter().next().flatten(), strs.swap_remove(0)))
+}
+
+fn extract_expr(
+    caps: &Captures,
+    re: &Regex,
+    budget: &Budget,
+) -> Result<(Option<Expr>, String), Stop> {
+    let names: Vec<&str> = re.capture_names().flatten().collect();
+    let first = |p: &str| {
+        names
+            .iter()
+            .filter(|n| n.starts_with(p))
+            .find_map(|n| caps.name(n).map(|m| m.as_str()).filter(|s| !s.is_empty()))
+            .unwrap_or("")
+    };
+    let integer = first("integer");
+    let decimal = first("decimal");
+    if !integer.is_empty() || !decimal.is_empty() {
+        let int: String = integer.chars().filter(|c| *c != ',' && *c != ' ').collect();
+        let int = int.trim_start_matches('0');
+        let int = if int.is_empty() { "0" } else { int };
+        let number_str = format!("{int}{}", decimal.replace(',', "."));
+        let Ok(mut n) = number_from_str(&number_str) else {
+            return Ok((None, number_str));
+        };
+        if caps.name("percent").is_some() {
+            n = pct(n);
+        }
+        return Ok((Some(n), number_str));
+    }
+    let expr = caps.name("expr").map(|m| m.as_str()).unwrap_or("");
+    if expr.is_empty() {
+        return Ok((None, String::new()));
+    }
+    // A Python arithmetic expression: `**` is the power; `×`, `÷` and `^` are not operators there.
+    let py = expr.replace('\n', " ");
+    if py.contains(['×', '÷', '^']) {
+        return Ok((None, expr.to_string()));
+    }
+    let as_latex = py.replace("**", "^");
+    match parse_latex(&as_latex, false, budget) {
+        Ok(e) => Ok((Some(e), expr.to_string())),
+        Err(Stop::Timeout) => Err(Stop::Timeout),
+        Err(Stop::Fail) => Ok((None, expr.to_string())),
+    }
+}
+
+/// Extracts candidates from `text` for the targets in order (`parse` with `first_match` fallback
+/// and `any_match` extraction): at most one parsed value, then the first matched text.
+pub fn extract(text: &str, targets: &[Target], budget: &Budget) -> Result<Vec<Extracted>, Stop> {
+    let mut patterns: Vec<(&Regex, i32, Target)> = Vec::new();
+    for t in targets {
+        let set = match t {
+            Target::Latex => &*LATEX_RES,
+            Target::Expr => &*EXPR_RES,
+        };
+        patterns.extend(set.iter().map(|(r, p)| (r, *p, *t)));
+    }
+    patterns.sort_by_key(|(_, p, _)| *p);
+    let mut fallbacks: Vec<String> = Vec::new();
+    let mut found: Option<Expr> = None;
+    let mut i = 0;
+    while i < patterns.len() && found.is_none() {
+        let prio = patterns[i].1;
+        let group: Vec<_> = patterns[i..]
+            .iter()
+            .take_while(|(_, p, _)| *p == prio)
+            .collect();
+        i += group.len();
+        let mut matches: Vec<(Captures, usize, usize, &Regex, Target)> = Vec::new();
+        for (re, _, t) in &group {
+            for caps in re.captures_iter(text) {
+                budget.check()?;
+                // A regex that gives up (backtracking limit) contributes no further matches.
+                let Ok(caps) = caps else { break };
+                let m = caps.get(0).expect("group 0");
+                let (s, e) = (m.start(), m.end());
+                matches.push((caps, s, e, *re, *t));
+            }
+        }
+        // Rightmost end first, then leftmost start; stable otherwise.
+        matches.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.cmp(&b.1)));
+        for (caps, _, _, re, t) in &matches {
+            budget.check()?;
+            let (value, fallback) = match t {
+                Target::Latex => extract_latex(caps, re, budget)?,
+                Target::Expr => extract_expr(caps, re, budget)?,
+            };
+            if !fallback.is_empty() {
+                fallbacks.push(fallback);
+            }
+            if let Some(v) = value {
+                found = Some(v);
+                break;
+            }
+        }
+    }
+    let mut out: Vec<Extracted> = found.into_iter().map(Extracted::Value).collect();
+    if let Some(f) = fallbacks.into_iter().next() {
+        out.push(Extracted::Text(f));
+    }
+    Ok(out)
+}

@@ -1,0 +1,1034 @@
+//! A recursive-descent parser from (normalised) LaTeX to [`Expr`], following the conventions of
+//! latex2sympy2_extended: lower-cased symbols, `e` as Euler's number, comma lists as sets, `(a,b)`
+//! as an open interval (a tuple when `b <= a`), `x \in S` as an equation, `\approx` keeping the
+//! exact side, `^\circ` ignored, mixed fractions, matrices.
+
+use std::sync::LazyLock;
+
+use num_bigint::BigInt;
+use num_rational::BigRational;
+use num_traits::{One, Zero};
+use regex::Regex;
+
+use crate::expr::{Budget, Expr, RelOp, SetOp, Stop};
+
+/// Deepest nesting accepted (bounds recursion on adversarial input).
+const MAX_DEPTH: usize = 200;
+/// Longest number literal accepted, in digits.
+const MAX_DIGITS: usize = 2000;
+
+static COMMA_NUMBER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*$").expect("static regex"));
+
+const GREEK: &[&str] = &[
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "varepsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "vartheta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "rho",
+    "varrho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "varphi",
+    "chi",
+    "psi",
+    "omega",
+    "Gamma",
+    "Delta",
+    "Theta",
+    "Lambda",
+    "Xi",
+    "Sigma",
+    "Upsilon",
+    "Phi",
+    "Psi",
+    "Omega",
+];
+
+const FUNCS: &[(&str, &str)] = &[
+    ("sin", "sin"),
+    ("cos", "cos"),
+    ("tan", "tan"),
+    ("cot", "cot"),
+    ("sec", "sec"),
+    ("csc", "csc"),
+    ("arcsin", "asin"),
+    ("arccos", "acos"),
+    ("arctan", "atan"),
+    ("sinh", "sinh"),
+    ("cosh", "cosh"),
+    ("tanh", "tanh"),
+    ("ln", "ln"),
+    ("exp", "exp"),
+];
+
+const SPACES: &[&str] = &[
+    ",",
+    ";",
+    ":",
+    "!",
+    "quad",
+    "qquad",
+    " ",
+    "enspace",
+    "thinspace",
+];
+
+/// Parses normalised LaTeX into an expression. `complex` makes `i` the imaginary unit.
+pub fn parse_latex(text: &str, complex: bool, budget: &Budget) -> Result<Expr, Stop> {
+    if COMMA_NUMBER.is_match(text) {
+        let t: String = text.trim().chars().filter(|c| *c != ',').collect();
+        return number_from_str(&t);
+    }
+    let mut p = Parser {
+        s: text.chars().collect(),
+        pos: 0,
+        depth: 0,
+        complex,
+        budget,
+    };
+    let elems = p.elements()?;
+    p.skip_ws();
+    if p.pos != p.s.len() || elems.is_empty() {
+        return Err(Stop::Fail);
+    }
+    Ok(if elems.len() == 1 {
+        elems.into_iter().next().expect("one")
+    } else {
+        Expr::Set(elems)
+    })
+}
+
+/// Parses a plain decimal or integer literal ("12", "-0.5", "1e3").
+pub fn number_from_str(t: &str) -> Result<Expr, Stop> {
+    let (neg, digits) = match t.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, t),
+    };
+    if digits.is_empty() || digits.len() > MAX_DIGITS {
+        return Err(Stop::Fail);
+    }
+    let e = if digits.contains(['.', 'e', 'E']) {
+        Expr::Float(digits.parse::<f64>().map_err(|_| Stop::Fail)?)
+    } else {
+        let v: BigInt = digits.parse().map_err(|_| Stop::Fail)?;
+        Expr::Num(BigRational::from_integer(v))
+    };
+    Ok(if neg { Expr::neg(e) } else { e })
+}
+
+struct Parser<'a> {
+    s: Vec<char>,
+    pos: usize,
+    depth: usize,
+    complex: bool,
+    budget: &'a Budget,
+}
+
+fn div(a: Expr, b: Expr) -> Expr {
+    match (&a, &b) {
+        (Expr::Num(x), Expr::Num(y)) if !y.is_zero() => Expr::Num(x / y),
+        _ => Expr::Mul(vec![a, Expr::Pow(Box::new(b), Box::new(Expr::int(-1)))]),
+    }
+}
+
+fn relation(op: RelOp, lhs: Expr, rhs: Expr) -> Expr {
+    match lhs {
+        Expr::And(mut v) => {
+            let last = match v.last() {
+                Some(Expr::Rel(_, _, r)) => (**r).clone(),
+                _ => Expr::int(0),
+            };
+            v.push(Expr::Rel(op, Box::new(last), Box::new(rhs)));
+            Expr::And(v)
+        }
+        Expr::Rel(o, l, r) => {
+            let last = (*r).clone();
+            Expr::And(vec![
+                Expr::Rel(o, l, r),
+                Expr::Rel(op, Box::new(last), Box::new(rhs)),
+            ])
+        }
+        lhs => Expr::Rel(op, Box::new(lhs), Box::new(rhs)),
+    }
+}
+
+/// True when the expression is made only of symbols (an assignment target such as `x` or `ab`).
+pub fn only_symbols(e: &Expr) -> bool {
+    match e {
+        Expr::Sym(_) => true,
+        Expr::Pow(b, x) if **x == Expr::int(-1) => only_symbols(b),
+        Expr::Add(v) | Expr::Mul(v) | Expr::Tuple(v) => !v.is_empty() && v.iter().all(only_symbols),
+        Expr::Pow(a, b) => only_symbols(a) && only_symbols(b),
+        _ => false,
+    }
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<char> {
+        self.s.get(self.pos).copied()
+    }
+
+    fn rest_starts(&self, lit: &str) -> bool {
+        let mut i = self.pos;
+        for c in lit.chars() {
+            if self.s.get(i) != Some(&c) {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+
+    /// The command name at the cursor (after `\`), without consuming it.
+    fn peek_cmd(&self) -> Option<String> {
+        if self.peek() != Some('\\') {
+            return None;
+        }
+        let mut i = self.pos + 1;
+        let mut name = String::new();
+        while let Some(&c) = self.s.get(i) {
+            if c.is_ascii_alphabetic() {
+                name.push(c);
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        if name.is_empty() {
+            if let Some(&c) = self.s.get(i) {
+                name.push(c);
+            }
+        }
+        Some(name)
+    }
+
+    fn eat_cmd(&mut self, name: &str) -> bool {
+        if self.peek_cmd().as_deref() == Some(name) {
+            self.pos += 1 + name.chars().count();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn skip_ws(&mut self) {
+        loop {
+            match self.peek() {
+                Some(c) if c.is_whitespace() => self.pos += 1,
+                Some('\\') => {
+                    let Some(cmd) = self.peek_cmd() else { return };
+                    if SPACES.contains(&cmd.as_str()) {
+                        self.pos += 1 + cmd.chars().count();
+                    } else {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        self.skip_ws();
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, c: char) -> Result<(), Stop> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            Err(Stop::Fail)
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), Stop> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Stop::Fail);
+        }
+        self.budget.check()
+    }
+
+    /// Comma- or semicolon-separated elements.
+    fn elements(&mut self) -> Result<Vec<Expr>, Stop> {
+        let mut out = Vec::new();
+        loop {
+            out.extend(self.element()?);
+            self.skip_ws();
+            match self.peek() {
+                Some(',') | Some(';') => self.pos += 1,
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// One element: a set expression, a relation chain, or a `±` pair.
+    fn element(&mut self) -> Result<Vec<Expr>, Stop> {
+        self.enter()?;
+        let first = self.additive_pm()?;
+        let mut lhs = match first {
+            Alt::One(e) => e,
+            Alt::Two(a, b) => {
+                self.depth -= 1;
+                return Ok(vec![a, b]);
+            }
+        };
+        loop {
+            self.skip_ws();
+            if let Some(op) = self.set_op() {
+                let rhs = self.additive()?;
+                lhs = Expr::SetOp(op, Box::new(lhs), Box::new(rhs));
+                continue;
+            }
+            let Some(op) = self.rel_op() else { break };
+            let rhs = self.additive()?;
+            lhs = match op {
+                Rel::Op(op) => relation(op, lhs, rhs),
+                Rel::Approx => {
+                    if only_symbols(&lhs) {
+                        rhs
+                    } else {
+                        lhs
+                    }
+                }
+                Rel::In => Expr::Rel(RelOp::Eq, Box::new(lhs), Box::new(rhs)),
+            };
+        }
+        self.depth -= 1;
+        Ok(vec![lhs])
+    }
+
+    fn set_op(&mut self) -> Option<SetOp> {
+        for (cmd, op) in [
+            ("cup", SetOp::Union),
+            ("cap", SetOp::Intersection),
+            ("setminus", SetOp::Minus),
+        ] {
+            if self.eat_cmd(cmd) {
+                return Some(op);
+            }
+        }
+        None
+    }
+
+    fn rel_op(&mut self) -> Option<Rel> {
+        self.skip_ws();
+        let c = self.peek()?;
+        let simple = match c {
+            '=' => Some(Rel::Op(RelOp::Eq)),
+            '<' | '≤' if self.s.get(self.pos + 1) == Some(&'=') && c == '<' => {
+                self.pos += 1;
+                Some(Rel::Op(RelOp::Le))
+            }
+            '>' if self.s.get(self.pos + 1) == Some(&'=') => {
+                self.pos += 1;
+                Some(Rel::Op(RelOp::Ge))
+            }
+            '<' => Some(Rel::Op(RelOp::Lt)),
+            '>' => Some(Rel::Op(RelOp::Gt)),
+            '≤' => Some(Rel::Op(RelOp::Le)),
+            '≥' => Some(Rel::Op(RelOp::Ge)),
+            '≠' => Some(Rel::Op(RelOp::Ne)),
+            _ => None,
+        };
+        if simple.is_some() {
+            self.pos += 1;
+            return simple;
+        }
+        let cmd = self.peek_cmd()?;
+        let r = match cmd.as_str() {
+            "le" | "leq" | "leqslant" | "leqq" => Rel::Op(RelOp::Le),
+            "ge" | "geq" | "geqslant" | "geqq" => Rel::Op(RelOp::Ge),
+            "lt" => Rel::Op(RelOp::Lt),
+            "gt" => Rel::Op(RelOp::Gt),
+            "ne" | "neq" => Rel::Op(RelOp::Ne),
+            "approx" => Rel::Approx,
+            "in" => Rel::In,
+            _ => return None,
+        };
+        self.pos += 1 + cmd.chars().count();
+        Some(r)
+    }
+
+    /// An additive expression that may contain one top-level `±`.
+    fn additive_pm(&mut self) -> Result<Alt, Stop> {
+        self.skip_ws();
+        if self.eat_cmd("pm") {
+            let e = self.additive()?;
+            return Ok(Alt::Two(Expr::neg(e.clone()), e));
+        }
+        let a = self.additive()?;
+        self.skip_ws();
+        if self.eat_cmd("pm") {
+            let b = self.additive()?;
+            return Ok(Alt::Two(
+                Expr::Add(vec![a.clone(), b.clone()]),
+                Expr::Add(vec![a, Expr::neg(b)]),
+            ));
+        }
+        Ok(Alt::One(a))
+    }
+
+    fn additive(&mut self) -> Result<Expr, Stop> {
+        self.enter()?;
+        let mut terms = vec![self.term()?];
+        loop {
+            self.skip_ws();
+            match self.peek() {
+                Some('+') => {
+                    self.pos += 1;
+                    terms.push(self.term()?);
+                }
+                Some('-') => {
+                    self.pos += 1;
+                    let t = self.term()?;
+                    terms.push(Expr::neg(t));
+                }
+                _ => break,
+            }
+        }
+        self.depth -= 1;
+        Ok(if terms.len() == 1 {
+            terms.pop().expect("one")
+        } else {
+            Expr::Add(terms)
+        })
+    }
+
+    fn term(&mut self) -> Result<Expr, Stop> {
+        let mut acc = self.unary()?;
+        loop {
+            self.skip_ws();
+            let c = self.peek();
+            if c == Some('*') || c == Some('×') || c == Some('·') {
+                self.pos += 1;
+                acc = mul(acc, self.unary()?);
+            } else if c == Some('/') || c == Some('÷') {
+                self.pos += 1;
+                acc = div(acc, self.unary()?);
+            } else if self.eat_cmd("cdot") || self.eat_cmd("times") || self.eat_cmd("ast") {
+                acc = mul(acc, self.unary()?);
+            } else if self.eat_cmd("div") {
+                acc = div(acc, self.unary()?);
+            } else {
+                return Ok(acc);
+            }
+        }
+    }
+
+    fn unary(&mut self) -> Result<Expr, Stop> {
+        self.enter()?;
+        self.skip_ws();
+        let r = match self.peek() {
+            Some('-') => {
+                self.pos += 1;
+                Expr::neg(self.unary()?)
+            }
+            Some('+') => {
+                self.pos += 1;
+                self.unary()?
+            }
+            _ => self.implicit()?,
+        };
+        self.depth -= 1;
+        Ok(r)
+    }
+
+    /// Can an atom start at the cursor (for implicit multiplication)?
+    fn atom_starts(&mut self) -> bool {
+        self.skip_ws();
+        match self.peek() {
+            None => false,
+            Some(c) if c.is_ascii_alphanumeric() || c == '.' => true,
+            Some('(') | Some('[') | Some('{') | Some('|') => true,
+            Some('\\') => {
+                let cmd = self.peek_cmd().unwrap_or_default();
+                !matches!(
+                    cmd.as_str(),
+                    "cdot"
+                        | "times"
+                        | "div"
+                        | "ast"
+                        | "le"
+                        | "leq"
+                        | "leqslant"
+                        | "leqq"
+                        | "ge"
+                        | "geq"
+                        | "geqslant"
+                        | "geqq"
+                        | "lt"
+                        | "gt"
+                        | "ne"
+                        | "neq"
+                        | "approx"
+                        | "in"
+                        | "cup"
+                        | "cap"
+                        | "setminus"
+                        | "pm"
+                        | "mp"
+                        | "}"
+                        | "rfloor"
+                        | "rceil"
+                        | "end"
+                        | "%"
+                        | "right"
+                        | "\\"
+                )
+            }
+            _ => false,
+        }
+    }
+
+    fn implicit(&mut self) -> Result<Expr, Stop> {
+        let mut acc = self.postfix()?;
+        while self.atom_starts() {
+            let save = self.pos;
+            // `|` closes an absolute value as often as it opens one: stop on it.
+            if self.peek() == Some('|') {
+                break;
+            }
+            let next = self.postfix()?;
+            if self.pos == save {
+                break;
+            }
+            acc = match (&acc, &next) {
+                // Mixed numbers: 2\frac{1}{2} = 5/2.
+                (Expr::Num(a), Expr::Num(b))
+                    if a.is_integer()
+                        && !b.is_integer()
+                        && self.s[save..].starts_with(&['\\', 'f']) =>
+                {
+                    Expr::Num(a + b)
+                }
+                _ => mul(acc, next),
+            };
+        }
+        Ok(acc)
+    }
+
+    fn postfix(&mut self) -> Result<Expr, Stop> {
+        let mut base = self.atom()?;
+        loop {
+            self.skip_ws();
+            match self.peek() {
+                Some('!') => {
+                    self.pos += 1;
+                    base = Expr::Func("factorial".into(), vec![base]);
+                }
+                Some('^') => {
+                    self.pos += 1;
+                    match self.superscript()? {
+                        Some(e) => base = Expr::Pow(Box::new(base), Box::new(e)),
+                        None => continue,
+                    }
+                }
+                Some('%') => {
+                    self.pos += 1;
+                    base = Expr::Pct(Box::new(base));
+                }
+                Some('\\') if self.rest_starts("\\%") => {
+                    self.pos += 2;
+                    base = Expr::Pct(Box::new(base));
+                }
+                Some('\\') if self.rest_starts("\\circ") => {
+                    self.pos += 5;
+                }
+                _ => return Ok(base),
+            }
+        }
+    }
+
+    /// The exponent after `^`; `None` for a degree sign.
+    fn superscript(&mut self) -> Result<Option<Expr>, Stop> {
+        self.skip_ws();
+        match self.peek() {
+            Some('{') => {
+                let save = self.pos;
+                self.pos += 1;
+                self.skip_ws();
+                if self.eat_cmd("circ") && self.eat('}') {
+                    return Ok(None);
+                }
+                self.pos = save;
+                Ok(Some(self.group()?))
+            }
+            Some('\\') if self.rest_starts("\\circ") => {
+                self.pos += 5;
+                Ok(None)
+            }
+            Some(c) if c.is_ascii_digit() => {
+                self.pos += 1;
+                Ok(Some(number_from_str(&c.to_string())?))
+            }
+            Some('-') => {
+                self.pos += 1;
+                Ok(Some(Expr::neg(self.atom()?)))
+            }
+            _ => Ok(Some(self.atom()?)),
+        }
+    }
+
+    /// `{ … }` holding one expression (a set when it holds a comma list).
+    fn group(&mut self) -> Result<Expr, Stop> {
+        self.expect('{')?;
+        let elems = self.elements()?;
+        self.expect('}')?;
+        Ok(if elems.len() == 1 {
+            elems.into_iter().next().expect("one")
+        } else {
+            Expr::Set(elems)
+        })
+    }
+
+    /// The raw text of a `{…}` group.
+    fn raw_group(&mut self) -> Result<String, Stop> {
+        self.expect('{')?;
+        let mut depth = 1;
+        let mut out = String::new();
+        while let Some(c) = self.peek() {
+            self.pos += 1;
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Ok(out);
+                    }
+                }
+                _ => {}
+            }
+            out.push(c);
+        }
+        Err(Stop::Fail)
+    }
+
+    fn number(&mut self) -> Result<Expr, Stop> {
+        let start = self.pos;
+        while matches!(self.peek(), Some(c) if c.is_ascii_digit()) {
+            self.pos += 1;
+        }
+        if self.peek() == Some('.')
+            && matches!(self.s.get(self.pos + 1), Some(c) if c.is_ascii_digit())
+        {
+            self.pos += 1;
+            while matches!(self.peek(), Some(c) if c.is_ascii_digit()) {
+                self.pos += 1;
+            }
+        }
+        let mut t: String = self.s[start..self.pos].iter().collect();
+        // Leading zeros are dropped from integers ("004" is 4).
+        if !t.contains('.') {
+            let trimmed = t.trim_start_matches('0');
+            t = if trimmed.is_empty() {
+                "0".into()
+            } else {
+                trimmed.into()
+            };
+        } else if t.starts_with('.') {
+            t.insert(0, '0');
+        }
+        number_from_str(&t)
+    }
+
+    fn atom(&mut self) -> Result<Expr, Stop> {
+        self.enter()?;
+        self.skip_ws();
+        let c = self.peek().ok_or(Stop::Fail)?;
+        let r = if c.is_ascii_digit() || c == '.' {
+            self.number()?
+        } else if c.is_ascii_alphabetic() {
+            self.pos += 1;
+            self.letter(c)?
+        } else if c == '(' || c == '[' {
+            self.pos += 1;
+            self.bracketed(c == '(')?
+        } else if c == '{' {
+            self.group()?
+        } else if c == '|' {
+            self.pos += 1;
+            let e = self.additive()?;
+            self.expect('|')?;
+            Expr::Func("abs".into(), vec![e])
+        } else if c == '\\' {
+            self.command()?
+        } else if c == 'π' {
+            self.pos += 1;
+            Expr::Pi
+        } else if c == '∞' {
+            self.pos += 1;
+            Expr::Inf
+        } else {
+            return Err(Stop::Fail);
+        };
+        self.depth -= 1;
+        Ok(r)
+    }
+
+    fn subscript_text(&mut self) -> Result<String, Stop> {
+        self.skip_ws();
+        if self.peek() != Some('_') {
+            return Ok(String::new());
+        }
+        self.pos += 1;
+        self.skip_ws();
+        let inner: String = match self.peek() {
+            Some('{') => self.raw_group()?.trim().to_string(),
+            Some(c) => {
+                self.pos += 1;
+                c.to_string()
+            }
+            None => return Err(Stop::Fail),
+        };
+        Ok(if inner.chars().count() > 1 {
+            format!("_{{{inner}}}")
+        } else {
+            format!("_{inner}")
+        })
+    }
+
+    fn letter(&mut self, c: char) -> Result<Expr, Stop> {
+        let sub = self.subscript_text()?;
+        if sub.is_empty() {
+            if c == 'e' {
+                return Ok(Expr::E);
+            }
+            if c == 'i' && self.complex {
+                return Ok(Expr::I);
+            }
+        }
+        Ok(Expr::Sym(format!("{c}{sub}").to_lowercase()))
+    }
+
+    /// After `(` or `[`: a grouping, an interval or a tuple.
+    fn bracketed(&mut self, open_left: bool) -> Result<Expr, Stop> {
+        let elems = self.elements()?;
+        self.skip_ws();
+        let open_right = match self.peek() {
+            Some(')') => true,
+            Some(']') => false,
+            _ => return Err(Stop::Fail),
+        };
+        self.pos += 1;
+        match elems.len() {
+            0 => Err(Stop::Fail),
+            1 => {
+                if open_left != open_right {
+                    return Err(Stop::Fail);
+                }
+                Ok(elems.into_iter().next().expect("one"))
+            }
+            2 => {
+                let mut it = elems.into_iter();
+                let (lo, hi) = (it.next().expect("two"), it.next().expect("two"));
+                let degenerate = match (self.value(&lo), self.value(&hi)) {
+                    (Some(a), Some(b)) => {
+                        (open_left && open_right && b <= a) || (!open_left && !open_right && b < a)
+                    }
+                    _ => false,
+                };
+                if degenerate {
+                    Ok(Expr::Tuple(vec![lo, hi]))
+                } else {
+                    Ok(Expr::Interval(
+                        Box::new(lo),
+                        Box::new(hi),
+                        open_left,
+                        open_right,
+                    ))
+                }
+            }
+            _ => {
+                if open_left != open_right {
+                    return Err(Stop::Fail);
+                }
+                Ok(Expr::Tuple(elems))
+            }
+        }
+    }
+
+    fn value(&self, e: &Expr) -> Option<f64> {
+        if !e.is_scalar() {
+            return None;
+        }
+        let v = e.eval(&|_| None, self.budget).ok()?;
+        (!v.is_nan()).then_some(v)
+    }
+
+    /// A function argument: `(…)`, `{…}`, or the implicit product that follows.
+    fn func_arg(&mut self) -> Result<Expr, Stop> {
+        self.skip_ws();
+        match self.peek() {
+            Some('(') => {
+                self.pos += 1;
+                let e = self.additive()?;
+                self.expect(')')?;
+                Ok(e)
+            }
+            Some('{') => self.group(),
+            _ => self.implicit(),
+        }
+    }
+
+    fn command(&mut self) -> Result<Expr, Stop> {
+        let cmd = self.peek_cmd().ok_or(Stop::Fail)?;
+        self.pos += 1 + cmd.chars().count();
+        Ok(match cmd.as_str() {
+            "frac" | "dfrac" | "tfrac" | "cfrac" => {
+                let a = self.group_or_char()?;
+                let b = self.group_or_char()?;
+                div(a, b)
+            }
+            "sqrt" => {
+                self.skip_ws();
+                let index = if self.peek() == Some('[') {
+                    self.pos += 1;
+                    let e = self.additive()?;
+                    self.expect(']')?;
+                    Some(e)
+                } else {
+                    None
+                };
+                let x = self.group_or_char()?;
+                let exp = match index {
+                    None => Expr::Num(BigRational::new(BigInt::one(), BigInt::from(2))),
+                    Some(Expr::Num(n)) if !n.is_zero() => Expr::Num(n.recip()),
+                    Some(n) => div(Expr::int(1), n),
+                };
+                Expr::Pow(Box::new(x), Box::new(exp))
+            }
+            "binom" | "dbinom" | "tbinom" => {
+                let n = self.group_or_char()?;
+                let k = self.group_or_char()?;
+                Expr::Func("binomial".into(), vec![n, k])
+            }
+            "pi" => Expr::Pi,
+            "infty" | "infin" => Expr::Inf,
+            "emptyset" | "varnothing" => Expr::NamedSet("empty"),
+            "mathbb" => {
+                let name = self.raw_group()?;
+                Expr::NamedSet(match name.trim() {
+                    "R" => "reals",
+                    "Z" => "integers",
+                    "N" => "naturals",
+                    "Q" => "rationals",
+                    "C" => "complexes",
+                    _ => return Err(Stop::Fail),
+                })
+            }
+            "text" | "mbox" | "textrm" | "operatorname" => {
+                let raw = self.raw_group()?;
+                let t: String = raw
+                    .chars()
+                    .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')')
+                    .collect();
+                if t.is_empty() {
+                    return Err(Stop::Fail);
+                }
+                let sub = self.subscript_text()?;
+                Expr::Sym(format!("{t}{sub}").to_lowercase())
+            }
+            "{" => {
+                let elems = self.elements()?;
+                self.skip_ws();
+                if !self.eat_cmd("}") {
+                    return Err(Stop::Fail);
+                }
+                Expr::Set(elems)
+            }
+            "lfloor" | "lceil" => {
+                let e = self.additive()?;
+                self.skip_ws();
+                let close = if cmd == "lfloor" { "rfloor" } else { "rceil" };
+                if !self.eat_cmd(close) {
+                    return Err(Stop::Fail);
+                }
+                Expr::Func(
+                    if cmd == "lfloor" { "floor" } else { "ceil" }.into(),
+                    vec![e],
+                )
+            }
+            "log" => {
+                let base = if self.eat('_') {
+                    Some(self.group_or_char()?)
+                } else {
+                    None
+                };
+                let pow = self.func_power()?;
+                let x = self.func_arg()?;
+                let f = match base {
+                    Some(b) => Expr::Func("log".into(), vec![x, b]),
+                    None => Expr::Func("log".into(), vec![x]),
+                };
+                apply_pow(f, pow)
+            }
+            "max" | "min" | "gcd" | "lcm" => {
+                self.expect('(')?;
+                let args = self.elements()?;
+                self.expect(')')?;
+                Expr::Func(cmd.clone(), args)
+            }
+            "begin" => self.environment()?,
+            "imath" | "jmath" => Expr::I,
+            name => {
+                if let Some((_, f)) = FUNCS.iter().find(|(n, _)| *n == name) {
+                    let pow = self.func_power()?;
+                    let x = self.func_arg()?;
+                    return Ok(apply_pow(Expr::Func((*f).into(), vec![x]), pow));
+                }
+                if GREEK.contains(&name) {
+                    let sub = self.subscript_text()?;
+                    return Ok(Expr::Sym(format!("\\{name}{sub}").to_lowercase()));
+                }
+                return Err(Stop::Fail);
+            }
+        })
+    }
+
+    fn func_power(&mut self) -> Result<Option<Expr>, Stop> {
+        self.skip_ws();
+        if self.peek() == Some('^') {
+            self.pos += 1;
+            return self.superscript();
+        }
+        Ok(None)
+    }
+
+    /// `{…}` or a single character/command argument (`\frac12`, `\sqrt3`).
+    fn group_or_char(&mut self) -> Result<Expr, Stop> {
+        self.skip_ws();
+        match self.peek() {
+            Some('{') => self.group(),
+            Some(c) if c.is_ascii_digit() => {
+                self.pos += 1;
+                number_from_str(&c.to_string())
+            }
+            _ => self.atom(),
+        }
+    }
+
+    fn environment(&mut self) -> Result<Expr, Stop> {
+        let name = self.raw_group()?;
+        if !name.contains("matrix") && name != "array" {
+            return Err(Stop::Fail);
+        }
+        if name == "array" {
+            self.skip_ws();
+            if self.peek() == Some('{') {
+                self.raw_group()?;
+            }
+        }
+        let mut rows: Vec<Vec<Expr>> = vec![vec![]];
+        loop {
+            self.skip_ws();
+            if self.eat_cmd("end") {
+                let end = self.raw_group()?;
+                if end != name {
+                    return Err(Stop::Fail);
+                }
+                break;
+            }
+            if self.eat_cmd("\\") {
+                rows.push(vec![]);
+                continue;
+            }
+            let e = self.additive()?;
+            rows.last_mut().expect("a row").push(e);
+            self.skip_ws();
+            if self.peek() == Some('&') {
+                self.pos += 1;
+            }
+        }
+        rows.retain(|r| !r.is_empty());
+        if rows.is_empty() || rows.iter().any(|r| r.len() != rows[0].len()) {
+            return Err(Stop::Fail);
+        }
+        Ok(Expr::Matrix(rows))
+    }
+}
+
+fn apply_pow(f: Expr, pow: Option<Expr>) -> Expr {
+    match pow {
+        Some(p) => Expr::Pow(Box::new(f), Box::new(p)),
+        None => f,
+    }
+}
+
+fn mul(a: Expr, b: Expr) -> Expr {
+    match a {
+        Expr::Mul(mut v) => {
+            v.push(b);
+            Expr::Mul(v)
+        }
+        a => Expr::Mul(vec![a, b]),
+    }
+}
+
+enum Alt {
+    One(Expr),
+    Two(Expr, Expr),
+}
+
+enum Rel {
+    Op(RelOp),
+    Approx,
+    In,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn p(s: &str) -> Result<Expr, Stop> {
+        parse_latex(
+            s,
+            false,
+            &Budget::new(Instant::now() + Duration::from_secs(1)),
+        )
+    }
+
+    #[test]
+    fn shapes() {
+        assert!(matches!(p("(1,2)"), Ok(Expr::Interval(..))));
+        assert!(matches!(p("(2,1)"), Ok(Expr::Tuple(_))));
+        assert!(matches!(p("1,2"), Ok(Expr::Set(_))));
+        assert!(matches!(p("1,000,000"), Ok(Expr::Num(_))));
+        assert!(matches!(p("x=5"), Ok(Expr::Rel(RelOp::Eq, ..))));
+        assert!(matches!(p("1<x<2"), Ok(Expr::And(_))));
+        assert_eq!(
+            p(r"\frac{1}{3}"),
+            Ok(Expr::Num(BigRational::new(1.into(), 3.into())))
+        );
+        assert_eq!(
+            p(r"2\frac{1}{2}"),
+            Ok(Expr::Num(BigRational::new(5.into(), 2.into())))
+        );
+        assert!(matches!(
+            p(r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}"),
+            Ok(Expr::Matrix(_))
+        ));
+        assert!(p(r"\frac{1}{").is_err());
+    }
+}

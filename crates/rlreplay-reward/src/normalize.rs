@@ -1,0 +1,516 @@
+//! LaTeX normalisation before parsing: boxed extraction, basic command clean-up, units, small nits
+//! and malformed operators, in the order and with the rules of latex2sympy2_extended 1.11.
+
+use std::sync::LazyLock;
+
+use fancy_regex::Regex as FRegex;
+use regex::Regex;
+
+/// How `\boxed{}` contents are extracted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoxedMode {
+    /// Every box, joined by commas.
+    All,
+    /// The last box, plus boxes just before it that are separated by a short separator.
+    Last,
+}
+
+fn re(p: &str) -> Regex {
+    Regex::new(p).expect("static regex")
+}
+
+fn fre(p: &str) -> FRegex {
+    FRegex::new(p).expect("static regex")
+}
+
+static R_LEFT: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"\\m?left(\\\{|\{|\\\||\||\[|\(|\\rbracl|\\lgroup|\\lbrace|\\lbrack|\\vert|\\lvert|\\lceil|\\lfloor|\\vert|\\lvert|\\langle|\\llcorner|\\ulcorner)",
+    )
+});
+static R_RIGHT: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"\\m?right(\\\}|\}|\\\||\||\]|\)|\\rbrack|\\rgroup|\\rbrace|\\rbrack|\\vert|\\rvert|\\rceil|\\rfloor|\\vert|\\rvert|\\rangle|\\lrcorner|\\urcorner)",
+    )
+});
+
+const UNITS: &[&str] = &[
+    "integerpoint",
+    "feet",
+    "sue",
+    "digit",
+    "pound",
+    "meal",
+    "edge",
+    "student",
+    "children ticket",
+    "multiple",
+    "east",
+    "degree",
+    "mph",
+    "kmph",
+    "ft",
+    "m square",
+    " m east",
+    "sq m",
+    "deg",
+    "mile",
+    "q .",
+    "monkey",
+    "prime",
+    "ratio",
+    "profit of rs",
+    "rd",
+    "o",
+    "gm",
+    "p . m",
+    "lb",
+    "tile",
+    "per",
+    "dm",
+    "lt",
+    "gain",
+    "ab",
+    "way",
+    "west",
+    "a .",
+    "b .",
+    "c .",
+    "d .",
+    "e .",
+    "f .",
+    "g .",
+    "h .",
+    "t",
+    "h",
+    "no change",
+    "men",
+    "soldier",
+    "pie",
+    "bc",
+    "excess",
+    "st",
+    "inches",
+    "noon",
+    "cent",
+    "by",
+    "gal",
+    "kmh",
+    "c",
+    "acre",
+    "rise",
+    "a . m",
+    "th",
+    "π r 2",
+    "sq",
+    "mark",
+    "l",
+    "toy",
+    "coin",
+    "sq . m",
+    "gallon",
+    "° f",
+    "profit",
+    "minw",
+    "yr",
+    "women",
+    "am",
+    "pm",
+    "hr",
+    "cu cm",
+    "square",
+    "v â € ™",
+    "are",
+    "rupee",
+    "rounds",
+    "cubic",
+    "cc",
+    "mtr",
+    "s",
+    "ohm",
+    "number",
+    "kmph",
+    "day",
+    "hour",
+    "minute",
+    "min",
+    "second",
+    "man",
+    "woman",
+    "sec",
+    "cube",
+    "mt",
+    "sq inch",
+    "mp",
+    "∏ cm ³",
+    "hectare",
+    "more",
+    "sec",
+    "unit",
+    "cu . m",
+    "cm 2",
+    "rs .",
+    "rs",
+    "kg",
+    "g",
+    "month",
+    "km",
+    "m",
+    "cm",
+    "mm",
+    "apple",
+    "liter",
+    "loss",
+    "yard",
+    "pure",
+    "year",
+    "increase",
+    "decrease",
+    "d",
+    "less",
+    "Surface",
+    "litre",
+    "pi sq m",
+    "s .",
+    "metre",
+    "meter",
+    "inch",
+];
+
+static UNITS_RE: LazyLock<Regex> = LazyLock::new(|| {
+    // The unit words are regular expressions (`q .` matches `q` and any character).
+    re(&format!(
+        r"(\d|\}}|\s)\s*(?:(?:{})(?:s|es)?)\s*$",
+        UNITS.join("|")
+    ))
+});
+
+static TO_REMOVE: LazyLock<FRegex> = LazyLock::new(|| {
+    fre(r#"\\mathrm\{th\}|\\!\s*|\\text\s*\{\s*\}|\\\$|\$|(?<!\\)["']|\\displaystyle"#)
+});
+
+const TO_REPLACE: &[(&str, &str, &str)] = &[
+    ("math", r"\\math(?:rm|it|bf)", r"\text"),
+    ("text", r"\\text(?:normal|bf|it|rm)", r"\text"),
+    ("frac", r"\\(?:d|t|c)frac", r"\frac"),
+    ("decimal_space", r"\s\.", r" 0."),
+    ("decimal_brace", r"\{\.", r"{0."),
+    ("approx", r"\~\=", r"\approx"),
+    ("comma", r"\s*\{\s*,\s*\}", r","),
+    (
+        "and_or",
+        r"(?<![a-zA-Z])(,?\s*(?:and|or))(?![a-zA-Z])",
+        r",",
+    ),
+    ("and_or_text", r"(,?\s*\\text\{\s*(?:and|or)\s*\})", r","),
+    ("backslash_space", r"(?<!\\)\\\s", r" "),
+    ("infinity", r"infinity", r"\infty"),
+    ("dot", r",?(\\ldots)", r" "),
+    ("percentage", r"\s*\bpercentage\b", r"\%"),
+    ("percentage_in_text", r"\\text\{percentage\}", r"%"),
+    ("percent", r"\s*\bpercent\b", r"\%"),
+    ("percent_in_text", r"\\text\{percent\}", r"%"),
+    ("pct", r"\s*\bpct\b", r"\%"),
+    ("pct_in_text", r"\\text\{pct\}", r"%"),
+    ("inf", r"((?<!\\)inf(?!inity))", r"\infty"),
+    ("sqrt", r" sqrt", r"\sqrt"),
+];
+
+static TO_REPLACE_RE: LazyLock<FRegex> = LazyLock::new(|| {
+    let alts: Vec<String> = TO_REPLACE
+        .iter()
+        .map(|(n, p, _)| format!("(?P<{n}>{p})"))
+        .collect();
+    fre(&alts.join("|"))
+});
+
+static COMMAND_SLASH_FIX: LazyLock<FRegex> = LazyLock::new(|| fre(r"\\\\(?=[a-zA-Z])"));
+static PERMUTATION: LazyLock<Regex> =
+    LazyLock::new(|| re(r"\(([a-zA-Z0-9+\-*/\\ ]+?)\)_\{([a-zA-Z0-9+\-*/\\ ]+?)\}"));
+static UNIT_SUPERSCRIPT: LazyLock<Regex> =
+    LazyLock::new(|| re(r"(\\(?:text|mbox)\{.*?\})(\^\d|\{\^\d\})?$"));
+static VALID_SEPARATOR: LazyLock<Regex> = LazyLock::new(|| re(r"\b(and|or)\b|,|;"));
+
+static MALFORMED: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
+    vec![
+        (re(r"\^\s?\((.*?)\)"), r"^{${1}}"),
+        (re(r"sqrt\s?\((.*?)\)"), r"\sqrt{${1}}"),
+        (re(r"\\frac\s?(\d)\s?(\d+)"), r"\frac{${1}}{${2}}"),
+        (re(r"\\log_\s?(\d)\s?(\d+)"), r"\log_{${1}}{${2}}"),
+        (re(r"\\frac\s?\{(.*?)\}\s?(\d)"), r"\frac{${1}}{${2}}"),
+        (re(r"\\frac\s?(\d)\s?\{(.*?)\}"), r"\frac{${1}}{${2}}"),
+        (re(r"\\sqrt\s?(\d)"), r"\sqrt{${1}}"),
+    ]
+});
+
+/// Replaces every match of a lookaround regex by the result of `f`.
+fn fancy_replace_all(
+    re: &FRegex,
+    text: &str,
+    mut f: impl FnMut(&fancy_regex::Captures) -> String,
+) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for caps in re.captures_iter(text) {
+        let Ok(caps) = caps else {
+            return text.to_string();
+        };
+        let m = caps.get(0).expect("group 0");
+        out.push_str(&text[last..m.start()]);
+        out.push_str(&f(&caps));
+        last = m.end();
+    }
+    out.push_str(&text[last..]);
+    out
+}
+
+fn find_content_end(text: &[u8], open: usize, max_pos: usize) -> Option<usize> {
+    let mut depth = 1usize;
+    let mut i = open;
+    while i + 1 < max_pos {
+        i += 1;
+        match text[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Extracts the contents of `\boxed{…}`/`\fbox{…}`, scanning from the right.
+pub fn extract_boxed_content(text: &str, mode: BoxedMode) -> String {
+    let bytes = text.as_bytes();
+    let mut results: Vec<String> = Vec::new();
+    let mut current = text.len();
+    let mut last_boxed_start: Option<usize> = None;
+    let mut max_pos = text.len();
+    loop {
+        let boxed = text[..current].rfind("\\boxed");
+        let fbox = text[..current].rfind("\\fbox");
+        let (start, cmd_len) = match (boxed, fbox) {
+            (None, None) => break,
+            (Some(b), None) => (b, 6),
+            (None, Some(f)) => (f, 5),
+            (Some(b), Some(f)) => {
+                if b > f {
+                    (b, 6)
+                } else {
+                    (f, 5)
+                }
+            }
+        };
+        let mut next = start + cmd_len;
+        while next < max_pos {
+            let c = text[next..].chars().next().expect("in bounds");
+            if !c.is_whitespace() {
+                break;
+            }
+            next += c.len_utf8();
+        }
+        if next >= max_pos {
+            break;
+        }
+        if bytes[next] == b'{' {
+            let Some(end) = find_content_end(bytes, next, max_pos) else {
+                if results.is_empty() {
+                    results.push(text[next..].to_string());
+                }
+                break;
+            };
+            let content = text[next + 1..end].trim().to_string();
+            if mode == BoxedMode::Last {
+                if let Some(lbs) = last_boxed_start {
+                    let prev = results.last().map(String::as_str).unwrap_or("");
+                    let between = if end + 1 <= lbs {
+                        &text[end + 1..lbs]
+                    } else {
+                        ""
+                    };
+                    let n = between.chars().count();
+                    let ok =
+                        n < 10 || (content != prev && n < 70 && VALID_SEPARATOR.is_match(between));
+                    if !ok {
+                        break;
+                    }
+                }
+            }
+            if results.last() != Some(&content) {
+                results.push(content);
+            }
+            last_boxed_start = Some(start);
+            max_pos = start;
+        } else {
+            if results.is_empty() {
+                results.push(text[next..].to_string());
+            }
+            break;
+        }
+        current = start;
+    }
+    if results.is_empty() {
+        return text.to_string();
+    }
+    results.reverse();
+    results.join(",")
+}
+
+fn fix_fracs(text: &str) -> String {
+    let mut parts = text.split("\\frac");
+    let mut out = parts.next().unwrap_or("").to_string();
+    for sub in parts {
+        let sub = sub.trim_start();
+        out.push_str("\\frac");
+        let chars: Vec<char> = sub.chars().collect();
+        if chars.first() == Some(&'{') {
+            out.push_str(sub);
+        } else if chars.len() < 2 {
+            return text.to_string();
+        } else {
+            let (a, b) = (chars[0], chars[1]);
+            let post: String = chars[2..].iter().collect();
+            if b != '{' {
+                out.push_str(&format!("{{{a}}}{{{b}}}{post}"));
+            } else {
+                out.push_str(&format!("{{{a}}}{b}{post}"));
+            }
+        }
+    }
+    out
+}
+
+fn canonical_int(s: &str) -> bool {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && s != "-0"
+}
+
+fn fix_a_slash_b(text: &str) -> String {
+    let parts: Vec<&str> = text.split('/').collect();
+    if parts.len() == 2 && canonical_int(parts[0]) && canonical_int(parts[1]) {
+        return format!("\\frac{{{}}}{{{}}}", parts[0], parts[1]);
+    }
+    text.to_string()
+}
+
+fn fix_sqrt(text: &str) -> String {
+    if !text.contains("\\sqrt") {
+        return text.to_string();
+    }
+    let mut parts = text.split("\\sqrt");
+    let mut out = parts.next().unwrap_or("").to_string();
+    for split in parts {
+        let split = split.trim_start();
+        let mut chars = split.chars();
+        match chars.next() {
+            Some(c) if c != '{' && c != '[' => {
+                out.push_str(&format!("\\sqrt{{{c}}}{}", chars.as_str()));
+            }
+            _ => {
+                out.push_str("\\sqrt");
+                out.push_str(split);
+            }
+        }
+    }
+    out
+}
+
+/// Normalises a LaTeX answer with math-verify's default extraction settings (basic LaTeX, units,
+/// nits and malformed operators on; `boxed` as given).
+pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
+    let mut text = extract_boxed_content(text, boxed);
+    // basic latex
+    text = text.replace(r"\mathrm{T}", "T");
+    text = text.replace(r"\mathrm{d}", "d").replace(r"{\rm d}", "d");
+    text = text
+        .replace(r"\left[\begin{matrix}", r"\begin{bmatrix}")
+        .replace(r"\end{matrix}\right]", r"\end{bmatrix}");
+    text = R_LEFT.replace_all(&text, "${1}").into_owned();
+    text = R_RIGHT.replace_all(&text, "${1}").into_owned();
+    text = PERMUTATION
+        .replace_all(&text, r"\frac{(${1})!}{((${1})-(${2}))!}")
+        .into_owned();
+    text = fancy_replace_all(&TO_REMOVE, &text, |_| String::new());
+    text = fancy_replace_all(&TO_REPLACE_RE, &text, |caps| {
+        TO_REPLACE
+            .iter()
+            .find(|(n, _, _)| caps.name(n).is_some())
+            .map(|(_, _, r)| (*r).to_string())
+            .unwrap_or_default()
+    });
+    text = text.replace(['\n', '\t'], " ");
+    if !text.contains("matrix") {
+        text = fancy_replace_all(&COMMAND_SLASH_FIX, &text, |_| "\\".to_string());
+    }
+    // units
+    let t = UNIT_SUPERSCRIPT.replace(&text, "").trim().to_string();
+    if !t.is_empty() && t != text {
+        text = t;
+    }
+    for _ in 0..2 {
+        let t = UNITS_RE.replace(&text, "${1}").into_owned();
+        if !t.is_empty() && t != text {
+            text = t;
+        }
+    }
+    // nits
+    if text.starts_with('.') {
+        text.insert(0, '0');
+    }
+    if text == "0.5" {
+        text = "\\frac{1}{2}".to_string();
+    }
+    // malformed operators
+    for (re, rep) in MALFORMED.iter() {
+        text = re.replace_all(&text, *rep).into_owned();
+    }
+    text = text.replace(" sqrt", "\\sqrt");
+    text = fix_sqrt(&text);
+    text = fix_fracs(&text);
+    fix_a_slash_b(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boxed_last_and_all() {
+        assert_eq!(
+            extract_boxed_content(r"\boxed{2}\boxed{3}", BoxedMode::Last),
+            "2,3"
+        );
+        let far = r"\boxed{2} then after a long long long long digression we get \boxed{3}";
+        assert_eq!(extract_boxed_content(far, BoxedMode::Last), "3");
+        assert_eq!(extract_boxed_content(far, BoxedMode::All), "2,3");
+        assert_eq!(
+            extract_boxed_content(r"\boxed{\frac{1}{2}", BoxedMode::Last),
+            r"{\frac{1}{2}"
+        );
+    }
+
+    #[test]
+    fn normalisation_rules() {
+        assert_eq!(
+            normalize_latex(r"\dfrac{1}{2}", BoxedMode::All),
+            r"\frac{1}{2}"
+        );
+        assert_eq!(normalize_latex(r"15 \text{ cm}^2", BoxedMode::All), "15");
+        assert_eq!(
+            normalize_latex(r"\left( 1, 2 \right)", BoxedMode::All),
+            "( 1, 2 )"
+        );
+        assert_eq!(normalize_latex("2/3", BoxedMode::All), r"\frac{2}{3}");
+        assert_eq!(normalize_latex(r"\frac12", BoxedMode::All), r"\frac{1}{2}");
+        assert_eq!(normalize_latex(r"\sqrt3", BoxedMode::All), r"\sqrt{3}");
+        assert_eq!(normalize_latex("50 percent", BoxedMode::All), r"50\%");
+        assert_eq!(normalize_latex(".5", BoxedMode::All), r"\frac{1}{2}");
+    }
+}

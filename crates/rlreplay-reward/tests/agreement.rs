@@ -1,0 +1,66 @@
+//! Agreement with math-verify 0.9.0 on the committed differential-testing cases (math-verify's own
+//! test-suite pairs plus generated model-style outputs; verdicts recorded by
+//! `scripts/diff_math_verify.py generate`).
+
+use rlreplay_reward::{verify_batch, MathVerifier, Mode};
+
+const CASES: &str = include_str!("data/math_verify_cases.jsonl");
+
+/// Minimum agreement asserted per mode (the measured level, kept as a regression floor).
+const MIN_AGREEMENT: [(Mode, &str, f64); 2] = [
+    (Mode::Maxrl, "maxrl", 0.95),
+    (Mode::Default, "default", 0.95),
+];
+
+#[derive(serde::Deserialize)]
+struct Case {
+    source: String,
+    gold: String,
+    pred: String,
+    maxrl: bool,
+    default: bool,
+}
+
+#[test]
+fn agrees_with_math_verify() {
+    let cases: Vec<Case> = CASES
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("case line {}: {e}", i + 1))
+        })
+        .collect();
+    let pairs: Vec<(String, String)> = cases
+        .iter()
+        .map(|c| (c.gold.clone(), c.pred.clone()))
+        .collect();
+    for (mode, name, floor) in MIN_AGREEMENT {
+        let verdicts = verify_batch(&MathVerifier::new(mode), &pairs);
+        let mut bad = 0;
+        for (c, v) in cases.iter().zip(&verdicts) {
+            let expected = if mode == Mode::Maxrl {
+                c.maxrl
+            } else {
+                c.default
+            };
+            if v.correct != expected {
+                bad += 1;
+                eprintln!(
+                    "[{name}] [{}] gold={:?} pred={:?} math-verify={expected}",
+                    c.source, c.gold, c.pred
+                );
+            }
+        }
+        let agreement = 1.0 - bad as f64 / cases.len() as f64;
+        eprintln!(
+            "{name}: {}/{} agree ({:.2}%)",
+            cases.len() - bad,
+            cases.len(),
+            100.0 * agreement
+        );
+        assert!(
+            agreement >= floor,
+            "{name}: agreement {agreement:.4} below {floor}"
+        );
+    }
+}

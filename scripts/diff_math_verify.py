@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Differential testing of `rlreplay verify` against math-verify 0.9.0.
+
+Two sub-commands:
+
+  generate  Collect cases (math-verify's own test-suite pairs, read from its sdist, plus seeded
+            model-style outputs), grade each with math-verify under both reward modes and write
+            them as a JSONL fixture: {"source", "gold", "pred", "maxrl", "default"}.
+  compare   Run `rlreplay verify` on the fixture in both modes and report the agreement with the
+            stored math-verify verdicts (and list the disagreements).
+
+Modes:
+  maxrl    math_metric(gold=(LatexExtractionConfig(),), pred=(ExprExtractionConfig(),
+           LatexExtractionConfig())) on ["\\boxed{" + gold + "}"] vs [pred]; an exception -> 0.
+  default  verify(parse(gold), parse(pred)) with the library defaults.
+
+Usage:
+  .venv/mathverify/bin/python scripts/diff_math_verify.py generate --sdist DIR --out FILE
+  python3 scripts/diff_math_verify.py compare --cases FILE --bin target/release/rlreplay
+"""
+
+import argparse
+import ast
+import json
+import pathlib
+import random
+import subprocess
+import sys
+import time
+
+FIXTURE = "crates/rlreplay-reward/tests/data/math_verify_cases.jsonl"
+
+
+# ----------------------------------------------------------------------------------------------
+# Case collection
+
+
+def suite_cases(tests_dir: pathlib.Path):
+    """(gold, pred) string pairs of every pytest parametrize list in math-verify's test suite."""
+    out = []
+    for path in sorted(tests_dir.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "parametrize"):
+                continue
+            if len(node.args) < 2 or not isinstance(node.args[1], (ast.List, ast.Tuple)):
+                continue
+            for elt in node.args[1].elts:
+                if not isinstance(elt, ast.Tuple) or len(elt.elts) < 2:
+                    continue
+                a, b = elt.elts[0], elt.elts[1]
+                if (
+                    isinstance(a, ast.Constant)
+                    and isinstance(b, ast.Constant)
+                    and isinstance(a.value, str)
+                    and isinstance(b.value, str)
+                ):
+                    out.append((f"suite:{path.stem}", a.value, b.value))
+    return out
+
+
+# Gold answer -> (equivalent renderings, wrong renderings)
+ANSWERS = [
+    ("5", ["5", "5.0", "05", "\\frac{10}{2}", "5 \\text{ cm}", "x = 5", "+5", "5.000"], ["6", "-5", "0.5", "50"]),
+    ("-3", ["-3", "-3.0", "- 3", "\\left(-3\\right)"], ["3", "-2", "\\frac{-3}{2}"]),
+    ("12", ["12", "12.0", "\\boxed{12}", "12 \\text{ apples}", "12^\\circ", "n = 12"], ["13", "21", "1.2"]),
+    ("1000000", ["1000000", "1,000,000", "10^6", "1\\,000\\,000"], ["100000", "10^7"]),
+    ("\\frac{1}{3}", ["\\frac{1}{3}", "1/3", "\\dfrac{1}{3}", "0.333333", "\\frac{2}{6}", "\\tfrac13"], ["0.33", "\\frac{1}{4}", "3"]),
+    ("\\frac{3}{4}", ["\\frac{3}{4}", "0.75", "75\\%", "3/4", "\\frac{6}{8}"], ["\\frac{4}{3}", "0.7", "34"]),
+    ("0.5", ["0.5", "\\frac{1}{2}", ".5", "50\\%", "1/2"], ["0.05", "5"]),
+    ("2.5", ["2.5", "\\frac{5}{2}", "2\\frac{1}{2}", "2.50"], ["2.4", "25"]),
+    ("3.14159", ["3.14159", "3.141590"], ["3.14", "\\pi"]),
+    ("\\pi", ["\\pi", "3.14159265", "\\frac{2\\pi}{2}"], ["3.14", "2\\pi", "\\pi^2"]),
+    ("2\\pi", ["2\\pi", "\\pi \\cdot 2", "6.28318531"], ["\\pi", "4\\pi"]),
+    ("\\sqrt{2}", ["\\sqrt{2}", "\\sqrt2", "2^{1/2}", "\\frac{2}{\\sqrt{2}}", "1.41421356"], ["2", "\\sqrt{3}", "1.41"]),
+    ("2\\sqrt{3}", ["2\\sqrt{3}", "\\sqrt{12}", "2 \\sqrt 3"], ["3\\sqrt{2}", "\\sqrt{6}"]),
+    ("\\frac{\\sqrt{3}}{2}", ["\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", "0.866025"], ["\\frac{\\sqrt{2}}{2}", "\\frac{1}{2}"]),
+    ("25\\%", ["25\\%", "25", "0.25", "25 percent"], ["0.025", "2.5"]),
+    ("40", ["40\\%", "40", "40 percent"], ["0.4\\%", "14"]),
+    ("x^2+2x+1", ["(x+1)^2", "x^2+2x+1", "1+2x+x^2", "x^{2}+2 x+1"], ["x^2+1", "(x-1)^2", "x^2+2x"]),
+    ("2x+1", ["2x+1", "1+2x", "y = 2x+1", "x+x+1"], ["2x-1", "x+1"]),
+    ("\\frac{x}{2}", ["\\frac{x}{2}", "x/2", "0.5x", "\\frac{1}{2}x"], ["2x", "\\frac{2}{x}"]),
+    ("a+b", ["a+b", "b+a"], ["a-b", "ab"]),
+    ("(1,2)", ["(1,2)", "(1, 2)", "\\left(1,2\\right)"], ["(2,1)", "[1,2]", "(1,3)"]),
+    ("[1,3)", ["[1,3)", "[1, 3)", "\\left[1,3\\right)"], ["(1,3]", "[1,3]", "(1,3)"]),
+    ("(-\\infty, 2]", ["(-\\infty, 2]", "(-\\infty,2]"], ["(-\\infty, 2)", "[2, \\infty)"]),
+    ("\\{1,2,3\\}", ["\\{1,2,3\\}", "\\{3,2,1\\}", "1,2,3", "1, 2, and 3"], ["\\{1,2\\}", "\\{1,2,4\\}"]),
+    ("1,2", ["1,2", "2,1", "\\{1,2\\}", "1 \\text{ and } 2"], ["1", "1,2,3"]),
+    ("(3, -1)", ["(3,-1)", "(3, -1)"], ["(-1, 3)", "(3, 1)"]),
+    ("x=5", ["x=5", "5", "x = 5.0"], ["x=6", "y=5"]),
+    ("y=2x+3", ["y=2x+3", "2x+3", "y = 3 + 2x"], ["y=3x+2", "2x"]),
+    ("x<3", ["x<3", "3>x", "(-\\infty, 3)"], ["x\\le3", "x>3"]),
+    ("x \\geq 2", ["x \\geq 2", "x\\ge2", "2 \\le x", "[2, \\infty)"], ["x>2", "x \\le 2"]),
+    ("\\begin{pmatrix}1 & 2\\\\3 & 4\\end{pmatrix}", ["\\begin{pmatrix}1 & 2\\\\3 & 4\\end{pmatrix}", "\\begin{bmatrix}1 & 2\\\\3 & 4\\end{bmatrix}"], ["\\begin{pmatrix}1 & 3\\\\2 & 4\\end{pmatrix}"]),
+    ("\\text{(C)}", ["C", "\\text{C}", "(C)"], ["B", "D"]),
+    ("\\text{odd}", ["\\text{odd}", "odd"], ["\\text{even}"]),
+    ("10^{-3}", ["10^{-3}", "0.001", "\\frac{1}{1000}"], ["10^{-2}", "0.01"]),
+    ("2^{10}", ["1024", "2^{10}", "4^5"], ["1023", "2^9"]),
+    ("\\frac{1+\\sqrt{5}}{2}", ["\\frac{1+\\sqrt{5}}{2}", "\\frac{\\sqrt{5}+1}{2}", "1.618034"], ["\\frac{1-\\sqrt{5}}{2}"]),
+    ("e", ["e", "2.718281828"], ["2.7", "\\pi"]),
+    ("\\ln 2", ["\\ln 2", "\\log(2)", "0.693147"], ["\\ln 3", "\\log_2 e"]),
+    ("\\sin x", ["\\sin x", "\\sin(x)"], ["\\cos x"]),
+    ("\\infty", ["\\infty", "+\\infty"], ["-\\infty", "0"]),
+    ("\\$18.90", ["18.90", "\\$18.90", "18.9"], ["18", "19.80"]),
+    ("7425000", ["7425000", "7,425,000", "7 425 000"], ["742500"]),
+    ("11", ["11", "eleven", "\\mathbf{11}", "\\textbf{11}"], ["10", "111"]),
+    ("0", ["0", "0.0", "-0", "00"], ["1", "O"]),
+    ("\\frac{-1}{2}", ["-\\frac{1}{2}", "-0.5", "\\frac{1}{-2}", "-1/2"], ["\\frac{1}{2}", "-2"]),
+    ("3\\sqrt{2}/2", ["\\frac{3\\sqrt{2}}{2}", "\\frac{3}{\\sqrt{2}}", "2.1213203"], ["3\\sqrt{2}"]),
+    ("\\binom{5}{2}", ["10", "\\binom{5}{2}", "C(5,2)"], ["20", "5"]),
+    ("5!", ["120", "5!"], ["24", "5"]),
+    ("\\log_2 8", ["3", "\\log_2 8", "\\log_{2}{8}"], ["8", "2"]),
+    ("\\dfrac{7}{8}", ["\\frac78", "0.875", "7/8"], ["\\frac87", "0.87"]),
+    ("1.5 \\times 10^{3}", ["1500", "1.5 \\times 10^3", "1.5e3"], ["150", "15000"]),
+    ("\\sqrt{x^2+1}", ["\\sqrt{x^2+1}", "\\sqrt{1+x^2}", "(x^2+1)^{1/2}"], ["x+1", "\\sqrt{x^2-1}"]),
+]
+
+TEMPLATES = [
+    "{x}",
+    "\\boxed{{{x}}}",
+    "The answer is $\\boxed{{{x}}}$.",
+    "Let me compute step by step. First, 3 + 4 = 7, and 12 / 4 = 3.\nTherefore the answer is \\boxed{{{x}}}.",
+    "We get $a = 17$ and then $b = 2$. So the final answer is $\\boxed{{{x}}}$",
+    "The final answer is ${x}$. I hope it is correct.",
+    "Final Answer: The final answer is ${x}$. I hope it is correct.",
+    "Answer: ${x}$",
+    "answer: {x}",
+    "Thus, the result is \\[{x}\\]",
+    "So we get $${x}$$",
+    "After simplification, we have \\({x}\\).",
+    "<think>\nThe value could be 42. Let me check again: 42 is wrong.\n</think>\nThe answer is $\\boxed{{{x}}}$.",
+    "The area is 15 square units, so the answer is {x}",
+    "First we try 100. Then we find that the value is {x}.",
+    "**Final Answer**\n\\[\n\\boxed{{{x}}}\n\\]",
+    "Hence $\\boxed{{{x}}}$ is the answer, not \\boxed{{99}}.",
+    "\\boxed{{99}} was a mistake; the correct one is \\boxed{{{x}}}",
+    "The final answer is: {x}",
+    "I think it's {x} or maybe 8.",
+]
+
+
+def generated_cases(n: int, seed: int):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        gold, good, bad = rng.choice(ANSWERS)
+        x = rng.choice(good) if rng.random() < 0.6 else rng.choice(bad)
+        tmpl = rng.choice(TEMPLATES)
+        out.append(("generated", gold, tmpl.format(x=x)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# math-verify grading
+
+
+def grade_all(cases):
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    gold_cfg = (LatexExtractionConfig(),)
+    pred_cfg = (ExprExtractionConfig(), LatexExtractionConfig())
+
+    def maxrl(gold, pred):
+        try:
+            g = parse("\\boxed{" + gold + "}", gold_cfg)
+            if not g:
+                return False
+            p = parse(pred, pred_cfg)
+            return bool(verify(g, p, 6))
+        except Exception:
+            return False
+
+    def default(gold, pred):
+        try:
+            return bool(verify(parse(gold), parse(pred)))
+        except Exception:
+            return False
+
+    rows = []
+    t0 = time.perf_counter()
+    for source, gold, pred in cases:
+        rows.append(
+            {"source": source, "gold": gold, "pred": pred, "maxrl": maxrl(gold, pred), "default": default(gold, pred)}
+        )
+    return rows, time.perf_counter() - t0
+
+
+def cmd_generate(args):
+    cases = suite_cases(pathlib.Path(args.sdist) / "tests") + generated_cases(args.generated, args.seed)
+    seen, uniq = set(), []
+    for c in cases:
+        if (c[1], c[2]) not in seen:
+            seen.add((c[1], c[2]))
+            uniq.append(c)
+    rows, secs = grade_all(uniq)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"{len(rows)} cases written to {out}; math-verify graded both modes in {secs:.1f} s", file=sys.stderr)
+
+
+def run_rlreplay(binary, rows, mode):
+    inp = "".join(json.dumps({"gold": r["gold"], "pred": r["pred"]}) + "\n" for r in rows)
+    res = subprocess.run([binary, "verify", "--input", "-", "--mode", mode], input=inp, capture_output=True, text=True, check=True)
+    return [json.loads(line)["verdict"] for line in res.stdout.splitlines()]
+
+
+def cmd_compare(args):
+    rows = [json.loads(l) for l in open(args.cases)]
+    worst = 1.0
+    for mode in ("maxrl", "default"):
+        got = run_rlreplay(args.bin, rows, mode)
+        bad = [(r, g) for r, g in zip(rows, got) if r[mode] != g]
+        agree = 1 - len(bad) / len(rows)
+        worst = min(worst, agree)
+        print(f"mode {mode}: {len(rows) - len(bad)}/{len(rows)} agree ({100 * agree:.2f}%)")
+        for r, g in bad[: args.show]:
+            print(f"  [{r['source']}] gold={r['gold']!r} pred={r['pred'][:120]!r} math-verify={r[mode]} rlreplay={g}")
+    return 0 if worst >= args.min_agreement else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--sdist", required=True, help="unpacked math_verify-0.9.0 sdist")
+    g.add_argument("--out", default=FIXTURE)
+    g.add_argument("--generated", type=int, default=1500)
+    g.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("compare")
+    c.add_argument("--cases", default=FIXTURE)
+    c.add_argument("--bin", default="target/release/rlreplay")
+    c.add_argument("--show", type=int, default=50)
+    c.add_argument("--min-agreement", type=float, default=0.99)
+    args = ap.parse_args()
+    sys.exit(cmd_generate(args) if args.cmd == "generate" else cmd_compare(args))
+
+
+if __name__ == "__main__":
+    main()
