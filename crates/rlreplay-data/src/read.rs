@@ -1,0 +1,955 @@
+//! Reading one Parquet shard into a [`RolloutBatch`], with column aliases and validation.
+//!
+//! Columns are decoded straight from the Arrow buffers into the batch's flat vectors, one record
+//! batch of 1024 rows at a time (memory stays near the size of the decoded shard). The response
+//! tokens, the log-probs and the remaining columns are decoded on separate threads.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+
+use anyhow::Result;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
+    UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Schema};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+
+use crate::batch::RolloutBatch;
+use crate::report::{Issue, IssueKind, ValidationReport, DEFAULT_EOS};
+
+/// Accepted names of the prompt-token column, in order of preference.
+pub const PROMPT_ALIASES: &[&str] = &["prompt_token_ids", "prompt_ids"];
+/// Accepted names of the response-token column.
+pub const RESPONSE_ALIASES: &[&str] = &["response_token_ids", "response_ids"];
+/// Accepted names of the behaviour log-prob column.
+pub const LOGPROB_ALIASES: &[&str] = &[
+    "rollout_log_probs",
+    "old_log_probs",
+    "logprobs",
+    "log_probs",
+];
+/// Accepted names of the score column.
+pub const SCORE_ALIASES: &[&str] = &["score", "reward", "acc", "scores"];
+/// Mask columns that are checked to be all ones over the stored lengths.
+pub const MASK_COLUMNS: &[&str] = &["response_mask", "prompt_mask", "attention_mask"];
+
+const BATCH_ROWS: usize = 1024;
+
+/// How to read shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Skip bad rows (and report them) instead of failing on the first problem.
+    pub lenient: bool,
+    /// End-of-sequence id: responses not ending with it are counted as truncated.
+    pub eos: u32,
+    /// When set, token ids must be below it.
+    pub vocab: Option<u32>,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        Self {
+            lenient: false,
+            eos: DEFAULT_EOS,
+            vocab: None,
+        }
+    }
+}
+
+/// Reads and validates one shard whose step is `step`.
+///
+/// Strict reads (the default) fail on the first problem with an error naming file, row and
+/// column (an [`Issue`] that callers can downcast to). Lenient reads drop bad rows (and the rows of
+/// non-contiguous groups) and return what they dropped in the report; a file that cannot be read
+/// at all (corrupted, missing or wrongly typed column) is an error in both modes.
+pub fn read_shard(
+    path: &Path,
+    step: i64,
+    opts: &ReadOptions,
+) -> Result<(RolloutBatch, ValidationReport)> {
+    let (batch, report) = load(path, step, opts)?;
+    if !opts.lenient && !report.is_clean() {
+        let first = report.issues[0].clone();
+        let more = report.issue_count() - 1;
+        let err = anyhow::Error::new(first);
+        return Err(if more > 0 {
+            err.context(format!("{more} more problem(s) in {}", path.display()))
+        } else {
+            err
+        });
+    }
+    Ok((batch, report))
+}
+
+/// Checks one shard and returns every problem found (never fails: an unreadable file is an issue
+/// in the report). With `opts.lenient`, the batch would drop bad rows; the report counts them.
+pub fn validate_shard(path: &Path, step: i64, opts: &ReadOptions) -> ValidationReport {
+    match load(path, step, opts) {
+        Ok((_, report)) => report,
+        Err(e) => {
+            let mut report = ValidationReport::default();
+            report.push(match e.downcast::<Issue>() {
+                Ok(issue) => issue,
+                Err(e) => Issue::new(path, None, None, IssueKind::Unreadable, format!("{e:#}")),
+            });
+            report
+        }
+    }
+}
+
+/// Reads a shard, collecting every problem in the report; structural problems are errors.
+fn load(path: &Path, step: i64, opts: &ReadOptions) -> Result<(RolloutBatch, ValidationReport)> {
+    let unreadable =
+        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+    // The decoder must never take the process down on a malformed file: a panic inside it is
+    // reported like any other corruption.
+    let decoded = std::panic::catch_unwind(|| decode(path, opts)).map_err(|p| {
+        let what = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("decoder panic");
+        unreadable(format!("corrupted Parquet data ({what})"))
+    })??;
+    Ok(check(path, step, decoded, opts))
+}
+
+/// The resolved columns of a shard.
+#[derive(Default)]
+struct Columns {
+    uid: String,
+    prompt: String,
+    response: String,
+    log_probs: String,
+    score: String,
+    data_source: Option<String>,
+    ground_truth: Option<String>,
+    temperature: Option<String>,
+    top_p: Option<String>,
+    masks: Vec<String>,
+}
+
+fn is_int(t: &DataType) -> bool {
+    t.is_integer()
+}
+
+fn list_item(t: &DataType) -> Option<&DataType> {
+    match t {
+        DataType::List(f) | DataType::LargeList(f) => Some(f.data_type()),
+        _ => None,
+    }
+}
+
+fn is_string(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+fn is_float(t: &DataType) -> bool {
+    matches!(t, DataType::Float32 | DataType::Float64)
+}
+
+fn resolve(path: &Path, schema: &Schema) -> Result<Columns> {
+    let found = || {
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let lookup = |aliases: &[&str], required: bool, ok: &dyn Fn(&DataType) -> bool, want: &str| {
+        let Some(field) = aliases.iter().find_map(|a| schema.field_with_name(a).ok()) else {
+            if required {
+                return Err(anyhow::Error::new(Issue::new(
+                    path,
+                    None,
+                    Some(aliases[0]),
+                    IssueKind::MissingColumn,
+                    format!(
+                        "missing required column (accepted names: {}); columns found: {}",
+                        aliases.join(", "),
+                        found()
+                    ),
+                )));
+            }
+            return Ok(None);
+        };
+        if !ok(field.data_type()) {
+            return Err(anyhow::Error::new(Issue::new(
+                path,
+                None,
+                Some(field.name()),
+                IssueKind::WrongType,
+                format!("has type {}, expected {want}", field.data_type()),
+            )));
+        }
+        Ok(Some(field.name().clone()))
+    };
+    let token_list = |t: &DataType| list_item(t).is_some_and(is_int);
+    let req = |aliases: &[&str], ok: &dyn Fn(&DataType) -> bool, want: &str| {
+        lookup(aliases, true, ok, want).map(|c| c.expect("required column"))
+    };
+    let mut masks = Vec::new();
+    for m in MASK_COLUMNS {
+        let ok = |t: &DataType| list_item(t).is_some_and(|i| is_int(i) || *i == DataType::Boolean);
+        if let Some(c) = lookup(&[*m], false, &ok, "a list of integers or booleans")? {
+            masks.push(c);
+        }
+    }
+    Ok(Columns {
+        uid: req(&["uid"], &|t| is_string(t) || is_int(t), "a string")?,
+        prompt: req(PROMPT_ALIASES, &token_list, "a list of integers")?,
+        response: req(RESPONSE_ALIASES, &token_list, "a list of integers")?,
+        log_probs: req(
+            LOGPROB_ALIASES,
+            &|t| list_item(t).is_some_and(is_float),
+            "a list of float32 or float64",
+        )?,
+        score: req(
+            SCORE_ALIASES,
+            &|t| is_float(t) || is_int(t) || *t == DataType::Boolean,
+            "a number",
+        )?,
+        data_source: lookup(&["data_source"], false, &is_string, "a string")?,
+        ground_truth: lookup(&["ground_truth"], false, &is_string, "a string")?,
+        temperature: lookup(&["temperature"], false, &is_float, "a float")?,
+        top_p: lookup(&["top_p"], false, &is_float, "a float")?,
+        masks,
+    })
+}
+
+/// Column values as decoded, before row checks; rows may still be inconsistent.
+struct Decoded {
+    rows: usize,
+    uids: Vec<String>,
+    scores: Vec<f32>,
+    data_source: Vec<Option<String>>,
+    ground_truth: Vec<Option<String>>,
+    temperature: Vec<Option<f32>>,
+    top_p: Vec<Option<f32>>,
+    prompt: Vec<u32>,
+    prompt_offsets: Vec<usize>,
+    response: Vec<u32>,
+    response_offsets: Vec<usize>,
+    log_probs: Vec<f32>,
+    log_prob_offsets: Vec<usize>,
+    /// Per mask column: its name and each row's (length, all ones).
+    masks: Vec<(String, Vec<(usize, bool)>)>,
+    /// Row-level problems found while decoding.
+    issues: Vec<Issue>,
+    /// The columns the values came from.
+    names: Columns,
+}
+
+/// Decodes the needed columns of a shard.
+fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
+    let unreadable =
+        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+    let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
+    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+        .map_err(|e| unreadable(format!("not a readable Parquet file: {e}")))?;
+    let cols = resolve(path, meta.schema())?;
+    let rows = usize::try_from(meta.metadata().file_metadata().num_rows())
+        .map_err(|_| unreadable("negative row count in the footer".into()))?;
+
+    let meta_cols: Vec<&str> = [&cols.uid, &cols.score, &cols.prompt]
+        .into_iter()
+        .chain(&cols.data_source)
+        .chain(&cols.ground_truth)
+        .chain(&cols.temperature)
+        .chain(&cols.top_p)
+        .chain(&cols.masks)
+        .map(String::as_str)
+        .collect();
+    let reader = |names: &[&str], f: &mut dyn FnMut(usize, &RecordBatch) -> Result<()>| {
+        let schema = meta.schema();
+        let indices = names.iter().filter_map(|n| schema.index_of(n).ok());
+        let mask = ProjectionMask::roots(meta.parquet_schema(), indices);
+        // A file of its own: clones of one handle share the read position across threads.
+        let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+            .with_projection(mask)
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .map_err(|e| unreadable(format!("cannot read: {e}")))?;
+        let mut base = 0;
+        for batch in reader {
+            let batch =
+                batch.map_err(|e| unreadable(format!("corrupted data near row {base}: {e}")))?;
+            f(base, &batch)?;
+            base += batch.num_rows();
+        }
+        if base != rows {
+            return Err(unreadable(format!(
+                "footer promises {rows} rows, the data holds {base}"
+            )));
+        }
+        Ok(())
+    };
+
+    let read_meta = || -> Result<Decoded> {
+        let mut d = Decoded {
+            rows,
+            uids: Vec::with_capacity(rows),
+            scores: Vec::with_capacity(rows),
+            data_source: Vec::with_capacity(rows),
+            ground_truth: Vec::with_capacity(rows),
+            temperature: Vec::with_capacity(rows),
+            top_p: Vec::with_capacity(rows),
+            prompt: Vec::new(),
+            prompt_offsets: vec![0],
+            response: Vec::new(),
+            response_offsets: Vec::new(),
+            log_probs: Vec::new(),
+            log_prob_offsets: Vec::new(),
+            masks: cols
+                .masks
+                .iter()
+                .map(|m| (m.clone(), Vec::with_capacity(rows)))
+                .collect(),
+            issues: Vec::new(),
+            names: Columns::default(),
+        };
+        reader(&meta_cols, &mut |base, b| {
+            let col = |n: &str| b.column_by_name(n).expect("projected column");
+            strings(
+                path,
+                base,
+                &cols.uid,
+                col(&cols.uid),
+                &mut d.uids,
+                true,
+                &mut d.issues,
+            );
+            numbers(
+                path,
+                base,
+                &cols.score,
+                col(&cols.score),
+                &mut d.scores,
+                &mut d.issues,
+            );
+            append_tokens(
+                path,
+                base,
+                &cols.prompt,
+                col(&cols.prompt),
+                opts.vocab,
+                &mut d.prompt,
+                &mut d.prompt_offsets,
+                &mut d.issues,
+            );
+            for (name, out) in [
+                (&cols.data_source, &mut d.data_source),
+                (&cols.ground_truth, &mut d.ground_truth),
+            ] {
+                match name {
+                    Some(n) => opt_strings(col(n), out),
+                    None => out.resize(base + b.num_rows(), None),
+                }
+            }
+            for (name, out) in [
+                (&cols.temperature, &mut d.temperature),
+                (&cols.top_p, &mut d.top_p),
+            ] {
+                match name {
+                    Some(n) => opt_floats(col(n), out),
+                    None => out.resize(base + b.num_rows(), None),
+                }
+            }
+            for (name, out) in &mut d.masks {
+                mask_rows(col(name), out);
+            }
+            Ok(())
+        })?;
+        Ok(d)
+    };
+    let read_response = || -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
+        let (mut toks, mut offs, mut issues) = (Vec::new(), vec![0], Vec::new());
+        reader(&[cols.response.as_str()], &mut |base, b| {
+            let c = b.column(0);
+            if toks.is_empty() {
+                toks.reserve(estimate_total(c, rows));
+            }
+            append_tokens(
+                path,
+                base,
+                &cols.response,
+                c,
+                opts.vocab,
+                &mut toks,
+                &mut offs,
+                &mut issues,
+            );
+            Ok(())
+        })?;
+        Ok((toks, offs, issues))
+    };
+    let read_log_probs = || -> Result<(Vec<f32>, Vec<usize>, Vec<Issue>)> {
+        let (mut vals, mut offs, mut issues) = (Vec::new(), vec![0], Vec::new());
+        reader(&[cols.log_probs.as_str()], &mut |base, b| {
+            let c = b.column(0);
+            if vals.is_empty() {
+                vals.reserve(estimate_total(c, rows));
+            }
+            append_floats(
+                path,
+                base,
+                &cols.log_probs,
+                c,
+                &mut vals,
+                &mut offs,
+                &mut issues,
+            );
+            Ok(())
+        })?;
+        Ok((vals, offs, issues))
+    };
+    let (meta_part, (resp, lps)) =
+        rayon::join(read_meta, || rayon::join(read_response, read_log_probs));
+    let mut d = meta_part?;
+    let (response, response_offsets, mut resp_issues) = resp?;
+    let (log_probs, log_prob_offsets, mut lp_issues) = lps?;
+    d.response = response;
+    d.response_offsets = response_offsets;
+    d.log_probs = log_probs;
+    d.log_prob_offsets = log_prob_offsets;
+    d.issues.append(&mut resp_issues);
+    d.issues.append(&mut lp_issues);
+    d.names = cols;
+    Ok(d)
+}
+
+/// Capacity guess for a whole column from its first record batch.
+fn estimate_total(c: &ArrayRef, rows: usize) -> usize {
+    let n = c.len().max(1);
+    let vals = list_bounds(c).map_or(0, |(o, _)| o[o.len() - 1] - o[0]);
+    // 5% headroom: one reservation for the shard in the common case.
+    (vals as f64 / n as f64 * rows as f64 * 1.05) as usize
+}
+
+/// Absolute value offsets (`len + 1`) and the values array of a list column.
+fn list_bounds(c: &ArrayRef) -> Option<(Vec<usize>, &ArrayRef)> {
+    match c.data_type() {
+        DataType::List(_) => {
+            let l = c.as_list::<i32>();
+            Some((
+                l.value_offsets().iter().map(|&o| o as usize).collect(),
+                l.values(),
+            ))
+        }
+        DataType::LargeList(_) => {
+            let l = c.as_list::<i64>();
+            Some((
+                l.value_offsets().iter().map(|&o| o as usize).collect(),
+                l.values(),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Appends each row's list of ids as u32; negative, oversized or out-of-vocabulary ids and nulls are
+/// row issues (the row gets placeholder zeros so offsets stay aligned).
+#[allow(clippy::too_many_arguments)]
+fn append_tokens(
+    path: &Path,
+    base: usize,
+    name: &str,
+    c: &ArrayRef,
+    vocab: Option<u32>,
+    out: &mut Vec<u32>,
+    offsets: &mut Vec<usize>,
+    issues: &mut Vec<Issue>,
+) {
+    let (bounds, values) = list_bounds(c).expect("type checked");
+    let limit = vocab.map_or(u32::MAX as u64 + 1, u64::from);
+    macro_rules! ints {
+        ($t:ty) => {{
+            let v = values.as_primitive::<$t>().values();
+            append_ints(
+                path,
+                base,
+                name,
+                c,
+                values,
+                &bounds,
+                &v[..],
+                limit,
+                out,
+                offsets,
+                issues,
+            )
+        }};
+    }
+    match values.data_type() {
+        DataType::Int32 => ints!(Int32Type),
+        DataType::Int64 => ints!(Int64Type),
+        DataType::UInt32 => ints!(UInt32Type),
+        DataType::UInt64 => ints!(UInt64Type),
+        DataType::Int16 => ints!(Int16Type),
+        DataType::Int8 => ints!(Int8Type),
+        DataType::UInt16 => ints!(UInt16Type),
+        DataType::UInt8 => ints!(UInt8Type),
+        t => unreachable!("type checked: {t}"),
+    }
+}
+
+/// Integer element types that token ids may be stored as.
+trait TokenInt: Copy + std::fmt::Display {
+    /// The id as u64 when it is non-negative.
+    fn id(self) -> Option<u64>;
+}
+
+macro_rules! token_int {
+    ($($t:ty),*) => {$(
+        impl TokenInt for $t {
+            #[inline]
+            fn id(self) -> Option<u64> {
+                u64::try_from(self).ok()
+            }
+        }
+    )*};
+}
+token_int!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+#[allow(clippy::too_many_arguments)]
+fn append_ints<T: TokenInt>(
+    path: &Path,
+    base: usize,
+    name: &str,
+    list: &ArrayRef,
+    values: &ArrayRef,
+    bounds: &[usize],
+    v: &[T],
+    limit: u64,
+    out: &mut Vec<u32>,
+    offsets: &mut Vec<usize>,
+    issues: &mut Vec<Issue>,
+) {
+    let all = &v[bounds[0]..bounds[bounds.len() - 1]];
+    let clean = list.null_count() == 0
+        && values.null_count() == 0
+        && all.iter().all(|&x| x.id().is_some_and(|x| x < limit));
+    if clean {
+        let shift = out.len() - bounds[0];
+        out.extend(all.iter().map(|&x| x.id().unwrap_or(0) as u32));
+        offsets.extend(bounds[1..].iter().map(|&b| b + shift));
+        return;
+    }
+    for r in 0..list.len() {
+        let row = base + r;
+        let range = bounds[r]..bounds[r + 1];
+        if list.is_null(r) {
+            issues.push(Issue::new(
+                path,
+                Some(row),
+                Some(name),
+                IssueKind::NullValue,
+                "null list",
+            ));
+        } else if let Some(j) = range.clone().find(|&j| values.is_null(j)) {
+            issues.push(Issue::new(
+                path,
+                Some(row),
+                Some(name),
+                IssueKind::NullValue,
+                format!("null token at position {}", j - range.start),
+            ));
+        } else if let Some(j) = range
+            .clone()
+            .find(|&j| v[j].id().is_none_or(|x| x >= limit))
+        {
+            let why = if limit <= u64::from(u32::MAX) {
+                format!("not below the vocabulary size {limit}")
+            } else {
+                "not a valid token id".to_owned()
+            };
+            issues.push(Issue::new(
+                path,
+                Some(row),
+                Some(name),
+                IssueKind::BadTokenId,
+                format!("token id {} at position {} is {why}", v[j], j - range.start),
+            ));
+        }
+        if list.is_null(r) {
+            offsets.push(out.len());
+            continue;
+        }
+        out.extend(
+            v[range]
+                .iter()
+                .map(|&x| x.id().unwrap_or(0).min(u64::from(u32::MAX)) as u32),
+        );
+        offsets.push(out.len());
+    }
+}
+
+/// Appends each row's list of floats as f32; nulls are row issues.
+fn append_floats(
+    path: &Path,
+    base: usize,
+    name: &str,
+    c: &ArrayRef,
+    out: &mut Vec<f32>,
+    offsets: &mut Vec<usize>,
+    issues: &mut Vec<Issue>,
+) {
+    let (bounds, values) = list_bounds(c).expect("type checked");
+    let range = bounds[0]..bounds[bounds.len() - 1];
+    let shift = out.len() - bounds[0];
+    match values.data_type() {
+        DataType::Float32 => {
+            out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[range])
+        }
+        DataType::Float64 => out.extend(
+            values.as_primitive::<Float64Type>().values()[range]
+                .iter()
+                .map(|&x| x as f32),
+        ),
+        t => unreachable!("type checked: {t}"),
+    }
+    offsets.extend(bounds[1..].iter().map(|&b| b + shift));
+    if c.null_count() > 0 || values.null_count() > 0 {
+        for r in 0..c.len() {
+            let nulls = c.is_null(r) || (bounds[r]..bounds[r + 1]).any(|j| values.is_null(j));
+            if nulls {
+                issues.push(Issue::new(
+                    path,
+                    Some(base + r),
+                    Some(name),
+                    IssueKind::NullValue,
+                    "null log-prob list or value",
+                ));
+            }
+        }
+    }
+}
+
+/// Appends a required string (or integer) column; nulls are row issues.
+fn strings(
+    path: &Path,
+    base: usize,
+    name: &str,
+    c: &ArrayRef,
+    out: &mut Vec<String>,
+    required: bool,
+    issues: &mut Vec<Issue>,
+) {
+    for r in 0..c.len() {
+        if c.is_null(r) {
+            if required {
+                issues.push(Issue::new(
+                    path,
+                    Some(base + r),
+                    Some(name),
+                    IssueKind::NullValue,
+                    "null value",
+                ));
+            }
+            out.push(String::new());
+            continue;
+        }
+        out.push(string_at(c, r));
+    }
+}
+
+fn string_at(c: &ArrayRef, r: usize) -> String {
+    match c.data_type() {
+        DataType::Utf8 => c.as_string::<i32>().value(r).to_owned(),
+        DataType::LargeUtf8 => c.as_string::<i64>().value(r).to_owned(),
+        DataType::Utf8View => c.as_string_view().value(r).to_owned(),
+        _ => number_at(c, r).map_or_else(String::new, |x| format!("{x}")),
+    }
+}
+
+fn opt_strings(c: &ArrayRef, out: &mut Vec<Option<String>>) {
+    out.extend((0..c.len()).map(|r| (!c.is_null(r)).then(|| string_at(c, r))));
+}
+
+fn opt_floats(c: &ArrayRef, out: &mut Vec<Option<f32>>) {
+    out.extend((0..c.len()).map(|r| {
+        if c.is_null(r) {
+            None
+        } else {
+            number_at(c, r).map(|x| x as f32)
+        }
+    }));
+}
+
+/// A numeric (or boolean) value as f64.
+fn number_at(c: &ArrayRef, r: usize) -> Option<f64> {
+    macro_rules! p {
+        ($t:ty) => {
+            c.as_primitive::<$t>().value(r) as f64
+        };
+    }
+    Some(match c.data_type() {
+        DataType::Float32 => p!(Float32Type),
+        DataType::Float64 => p!(Float64Type),
+        DataType::Int8 => p!(Int8Type),
+        DataType::Int16 => p!(Int16Type),
+        DataType::Int32 => p!(Int32Type),
+        DataType::Int64 => p!(Int64Type),
+        DataType::UInt8 => p!(UInt8Type),
+        DataType::UInt16 => p!(UInt16Type),
+        DataType::UInt32 => p!(UInt32Type),
+        DataType::UInt64 => p!(UInt64Type),
+        DataType::Boolean => f64::from(u8::from(c.as_boolean().value(r))),
+        _ => return None,
+    })
+}
+
+fn numbers(
+    path: &Path,
+    base: usize,
+    name: &str,
+    c: &ArrayRef,
+    out: &mut Vec<f32>,
+    issues: &mut Vec<Issue>,
+) {
+    for r in 0..c.len() {
+        if c.is_null(r) {
+            issues.push(Issue::new(
+                path,
+                Some(base + r),
+                Some(name),
+                IssueKind::NullValue,
+                "null score",
+            ));
+        }
+        out.push(number_at(c, r).filter(|_| !c.is_null(r)).unwrap_or(0.0) as f32);
+    }
+}
+
+/// Each row's mask length and whether it is all ones (a null mask counts as not all ones).
+fn mask_rows(c: &ArrayRef, out: &mut Vec<(usize, bool)>) {
+    let (bounds, values) = list_bounds(c).expect("type checked");
+    for r in 0..c.len() {
+        let range = bounds[r]..bounds[r + 1];
+        let ones = !c.is_null(r)
+            && range
+                .clone()
+                .all(|j| !values.is_null(j) && number_at(values, j) == Some(1.0));
+        out.push((range.len(), ones));
+    }
+}
+
+/// Row and group checks on decoded columns; returns the batch (bad rows dropped when lenient).
+fn check(
+    path: &Path,
+    step: i64,
+    mut d: Decoded,
+    opts: &ReadOptions,
+) -> (RolloutBatch, ValidationReport) {
+    let mut report = ValidationReport {
+        rows_read: d.rows,
+        ..ValidationReport::default()
+    };
+    let mut bad = vec![false; d.rows];
+    for issue in std::mem::take(&mut d.issues) {
+        if let Some(r) = issue.row.filter(|&r| r < d.rows) {
+            bad[r] = true;
+        }
+        report.push(issue);
+    }
+    let mut flag = |report: &mut ValidationReport, row: usize, col: &str, kind, msg: String| {
+        bad[row] = true;
+        report.push(Issue::new(path, Some(row), Some(col), kind, msg));
+    };
+    let resp_col = d.names.response.as_str();
+    let lp_col = d.names.log_probs.as_str();
+    let score_col = d.names.score.as_str();
+    let span = |o: &[usize], r: usize| -> Range<usize> { o[r]..o[r + 1] };
+    // Fast whole-shard test first; per-row scans only when something is wrong.
+    let lp_ok = |x: f32| x <= 0.0 && x.is_finite();
+    let all_lp_ok = d.log_probs.iter().fold(true, |acc, &x| acc & lp_ok(x));
+    for r in 0..d.rows {
+        let resp = span(&d.response_offsets, r);
+        let lps = span(&d.log_prob_offsets, r);
+        if resp.is_empty() {
+            flag(
+                &mut report,
+                r,
+                resp_col,
+                IssueKind::EmptyResponse,
+                "empty response".into(),
+            );
+        }
+        if resp.len() != lps.len() {
+            flag(
+                &mut report,
+                r,
+                lp_col,
+                IssueKind::LengthMismatch,
+                format!("{} log-probs for {} response tokens", lps.len(), resp.len()),
+            );
+        }
+        if !all_lp_ok {
+            if let Some(j) = lps.clone().find(|&j| !lp_ok(d.log_probs[j])) {
+                let x = d.log_probs[j];
+                let what = if x.is_nan() {
+                    "NaN"
+                } else if x.is_infinite() {
+                    "infinite"
+                } else {
+                    "positive"
+                };
+                flag(
+                    &mut report,
+                    r,
+                    lp_col,
+                    IssueKind::BadLogProb,
+                    format!("{what} log-prob {x} at token {}", j - lps.start),
+                );
+            }
+        }
+        let s = d.scores[r];
+        if !s.is_finite() {
+            flag(
+                &mut report,
+                r,
+                score_col,
+                IssueKind::BadScore,
+                format!("score is {s}"),
+            );
+        }
+        for (name, rows) in &d.masks {
+            let (len, ones) = rows[r];
+            let prompt = d.prompt_offsets[r + 1] - d.prompt_offsets[r];
+            let ok_len = match name.as_str() {
+                "response_mask" => len == resp.len(),
+                "prompt_mask" => len == prompt,
+                _ => len == prompt + resp.len() || len == prompt,
+            };
+            if !ok_len || !ones {
+                let msg = if ok_len {
+                    "mask is not all ones".to_owned()
+                } else {
+                    format!("mask has {len} entries, the stored lengths do not match (prompt {prompt}, response {})", resp.len())
+                };
+                flag(&mut report, r, name, IssueKind::BadMask, msg);
+            }
+        }
+    }
+    // Group checks on the rows that are kept.
+    let kept: Vec<usize> = (0..d.rows).filter(|&r| !opts.lenient || !bad[r]).collect();
+    let mut runs: Vec<Range<usize>> = Vec::new(); // ranges into `kept`
+    for (k, &r) in kept.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if d.uids[kept[run.start]] == d.uids[r] => run.end = k + 1,
+            _ => runs.push(k..k + 1),
+        }
+    }
+    let mut first_run: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut split_uids = std::collections::HashSet::new();
+    for run in &runs {
+        let row = kept[run.start];
+        let uid = d.uids[row].as_str();
+        if let Some(&prev) = first_run.get(uid) {
+            split_uids.insert(uid);
+            report.push(Issue::new(
+                path,
+                Some(row),
+                Some("uid"),
+                IssueKind::NonContiguousGroup,
+                format!("uid `{uid}` starts again here; its group began at row {prev}"),
+            ));
+        } else {
+            first_run.insert(uid, row);
+        }
+    }
+    let mut keep: Vec<usize> = if opts.lenient {
+        kept.into_iter()
+            .filter(|&r| !split_uids.contains(d.uids[r].as_str()))
+            .collect()
+    } else {
+        kept
+    };
+    if split_uids.is_empty() {
+        if let Some(first) = runs.first() {
+            let size = first.len();
+            if let Some(run) = runs.iter().find(|run| run.len() != size) {
+                let row = if opts.lenient {
+                    keep[run.start]
+                } else {
+                    run.start
+                };
+                report.push(Issue::new(
+                    path,
+                    Some(row),
+                    Some("uid"),
+                    IssueKind::UnequalGroupSize,
+                    format!(
+                        "group `{}` has {} rows, the first group has {size}",
+                        d.uids[row],
+                        run.len()
+                    ),
+                ));
+            }
+        }
+    }
+    let dropped = d.rows - keep.len();
+    report.rows_skipped = if opts.lenient { dropped } else { 0 };
+    let batch = if dropped == 0 && !bad.contains(&true) {
+        into_batch(path, step, d)
+    } else if opts.lenient {
+        keep.retain(|&r| r < d.rows);
+        gather(path, step, &d, &keep)
+    } else {
+        // A strict read with problems becomes an error in the caller; its rows are inconsistent.
+        RolloutBatch::empty(step)
+    };
+    report.truncated = (0..batch.len())
+        .filter(|&i| batch.truncated(i, opts.eos))
+        .count();
+    (batch, report)
+}
+
+/// The decoded columns as a batch, moved without copying.
+fn into_batch(path: &Path, step: i64, d: Decoded) -> RolloutBatch {
+    RolloutBatch {
+        step,
+        source: path.to_owned(),
+        uids: d.uids,
+        prompt_tokens: d.prompt,
+        prompt_offsets: d.prompt_offsets,
+        response_tokens: d.response,
+        response_offsets: d.response_offsets,
+        rollout_log_probs: d.log_probs,
+        scores: d.scores,
+        data_source: d.data_source,
+        ground_truth: d.ground_truth,
+        temperature: d.temperature,
+        top_p: d.top_p,
+    }
+}
+
+/// A batch of the given rows of the decoded columns (whose log-prob offsets may differ from the
+/// response offsets on dropped rows).
+fn gather(path: &Path, step: i64, d: &Decoded, rows: &[usize]) -> RolloutBatch {
+    let mut b = RolloutBatch::empty(step);
+    b.source = path.to_owned();
+    for &r in rows {
+        b.push_row(
+            &d.uids[r],
+            &d.prompt[d.prompt_offsets[r]..d.prompt_offsets[r + 1]],
+            &d.response[d.response_offsets[r]..d.response_offsets[r + 1]],
+            &d.log_probs[d.log_prob_offsets[r]..d.log_prob_offsets[r + 1]],
+            d.scores[r],
+            d.data_source[r].as_deref(),
+            d.ground_truth[r].as_deref(),
+            d.temperature[r],
+            d.top_p[r],
+        );
+    }
+    b
+}
