@@ -5,12 +5,20 @@
 //! (candle `CustomOp`s with `bwd`); every other device/dtype runs the differentiable composite
 //! reference in [`composite`].
 
+mod attention;
 pub mod composite;
+mod cpu;
+mod logprobs;
+mod norm;
+mod rope;
+mod swiglu;
 
 use candle_core::{bail, Result, Tensor};
+use cpu::kernel_applies;
+use std::sync::Mutex;
 
-/// Tokens per chunk of the lm_head in [`token_logprobs`].
-pub const LOGPROB_CHUNK: usize = 128;
+/// Tokens per chunk of the lm_head in the composite fallback of [`token_logprobs`].
+const LOGPROB_CHUNK: usize = 128;
 
 /// RMSNorm over the last dimension, `x / sqrt(mean(x²) + eps) * weight`, computed in f32 when `x`
 /// is half precision (Hugging Face Qwen3 semantics). `x: [.., H]`, `weight: [H]`.
@@ -23,7 +31,12 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
             x.dims()
         );
     }
-    composite::rms_norm(x, weight, eps)
+    if kernel_applies(&[x, weight]) {
+        x.contiguous()?
+            .apply_op2(&weight.contiguous()?, norm::RmsNorm { eps })
+    } else {
+        composite::rms_norm(x, weight, eps)
+    }
 }
 
 /// Rotary position embedding, rotate-half convention: `x * cos + rotate_half(x) * sin` with the
@@ -42,7 +55,13 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
             );
         }
     }
-    composite::rope(x, cos, sin)
+    if kernel_applies(&[x]) && cos.device().is_cpu() && sin.device().is_cpu() {
+        let cos = cos.to_dtype(x.dtype())?.contiguous()?;
+        let sin = sin.to_dtype(x.dtype())?.contiguous()?;
+        x.contiguous()?.apply_op3(&cos, &sin, rope::Rope)
+    } else {
+        composite::rope(x, cos, sin)
+    }
 }
 
 /// SwiGLU gating `silu(gate) * up` for tensors of equal shape.
@@ -54,7 +73,12 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             up.dims()
         );
     }
-    composite::swiglu(gate, up)
+    if kernel_applies(&[gate, up]) {
+        gate.contiguous()?
+            .apply_op2(&up.contiguous()?, swiglu::SwiGlu)
+    } else {
+        composite::swiglu(gate, up)
+    }
 }
 
 /// Checks the packed-attention arguments and returns `(T, Hq, Hkv, D)`.
@@ -108,7 +132,17 @@ pub fn packed_causal_attention(
     if t == 0 {
         return q.zeros_like();
     }
-    composite::packed_causal_attention(q, k, v, seq_offsets, scale)
+    if kernel_applies(&[q, k, v]) {
+        let op = attention::PackedAttention {
+            offsets: seq_offsets.to_vec(),
+            scale,
+            lse: Mutex::new(None),
+        };
+        q.contiguous()?
+            .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    } else {
+        composite::packed_causal_attention(q, k, v, seq_offsets, scale)
+    }
 }
 
 /// Per-token log-probabilities `log softmax(hidden · lm_headᵀ / τ)[target]` (`[N]`) and, when
@@ -150,6 +184,21 @@ pub fn token_logprobs(
         let empty = Tensor::zeros(0, hidden.dtype(), hidden.device())?;
         let ent = want_entropy.then(|| empty.clone());
         return Ok((empty, ent));
+    }
+    if kernel_applies(&[hidden, lm_head]) {
+        let op = logprobs::TokenLogProbs {
+            targets: targets.to_vec(),
+            temperature,
+            entropy: want_entropy,
+        };
+        let out = hidden.contiguous()?.apply_op2(&lm_head.contiguous()?, op)?;
+        let column = |i: usize| out.narrow(1, i, 1)?.squeeze(1);
+        let ent = if want_entropy {
+            Some(column(logprobs::COL_ENTROPY)?)
+        } else {
+            None
+        };
+        return Ok((column(logprobs::COL_LOGP)?, ent));
     }
     composite::token_logprobs(
         hidden,

@@ -1,0 +1,126 @@
+//! Fused RMSNorm with backward (gradients for the input and the weight).
+
+use super::cpu::{c, rows_per_task, slice, storage, tensor, with_slices, Real};
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// `y = x * r * w` with `r = 1 / sqrt(mean(x²) + eps)` per row.
+pub(crate) struct RmsNorm {
+    pub eps: f64,
+}
+
+/// Inverse root-mean-square of one row.
+#[inline]
+fn rinv<T: Real>(row: &[T], eps: f64) -> T {
+    let ss: T = row.iter().map(|&v| v * v).sum();
+    (ss / c::<T>(row.len() as f64) + c::<T>(eps)).sqrt().recip()
+}
+
+impl RmsNorm {
+    fn fwd<T: Real>(&self, x: &[T], w: &[T], shape: &Shape) -> (CpuStorage, Shape) {
+        let h = w.len();
+        let mut out = vec![T::zero(); x.len()];
+        let rows = rows_per_task(h, 1 << 14);
+        out.par_chunks_mut(rows * h)
+            .zip(x.par_chunks(rows * h))
+            .for_each(|(o, x)| {
+                for (o, x) in o.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                    let r = rinv(x, self.eps);
+                    for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
+                        *o = x * r * w;
+                    }
+                }
+            });
+        storage(out, shape.clone())
+    }
+
+    fn bwd_t<T: Real>(&self, x: &[T], w: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
+        let h = w.len();
+        let inv_h = c::<T>(1.0 / h as f64);
+        let mut dx = vec![T::zero(); x.len()];
+        let rows = rows_per_task(h, 1 << 14);
+        // Fixed-size tasks and an ordered reduction keep the weight gradient deterministic.
+        let partials: Vec<Vec<T>> = dx
+            .par_chunks_mut(rows * h)
+            .zip(x.par_chunks(rows * h).zip(g.par_chunks(rows * h)))
+            .map(|(dx, (x, g))| {
+                let mut dw = vec![T::zero(); h];
+                for ((dx, x), g) in dx
+                    .chunks_exact_mut(h)
+                    .zip(x.chunks_exact(h))
+                    .zip(g.chunks_exact(h))
+                {
+                    let r = rinv(x, self.eps);
+                    let dot: T = x.iter().zip(g).zip(w).map(|((&x, &g), &w)| g * w * x).sum();
+                    let k = r * r * r * dot * inv_h;
+                    for i in 0..h {
+                        dx[i] = r * g[i] * w[i] - x[i] * k;
+                        dw[i] += g[i] * x[i] * r;
+                    }
+                }
+                dw
+            })
+            .collect();
+        let mut dw = vec![T::zero(); h];
+        for p in partials {
+            for (a, b) in dw.iter_mut().zip(p) {
+                *a += b;
+            }
+        }
+        (dx, dw)
+    }
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rlreplay-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        match (s1, s2) {
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => Ok(self.fwd::<f32>(
+                slice(self.name(), s1, l1)?,
+                slice(self.name(), s2, l2)?,
+                l1.shape(),
+            )),
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => Ok(self.fwd::<f64>(
+                slice(self.name(), s1, l1)?,
+                slice(self.name(), s2, l2)?,
+                l1.shape(),
+            )),
+            _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
+        }
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        fn run<T: Real>(
+            op: &RmsNorm,
+            x: &Tensor,
+            w: &Tensor,
+            g: &Tensor,
+        ) -> Result<(Tensor, Tensor)> {
+            let (dx, dw) =
+                with_slices::<T, _>(op.name(), &[x, w, g], |s| Ok(op.bwd_t(s[0], s[1], s[2])))?;
+            Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
+        }
+        let (dx, dw) = match x.dtype() {
+            candle_core::DType::F32 => run::<f32>(self, x, w, grad)?,
+            candle_core::DType::F64 => run::<f64>(self, x, w, grad)?,
+            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
+        };
+        Ok((Some(dx), Some(dw)))
+    }
+}

@@ -1,0 +1,332 @@
+//! Op-level tests of the fused kernels: forward and gradients against the composite references
+//! (f64 and f32), central finite differences in f64, packing, determinism and input errors.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use rlreplay_model::ops::{self, composite};
+
+/// Deterministic pseudo-random values in [-scale/2, scale/2).
+fn data(n: usize, seed: f64, scale: f64) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            let x = ((i as f64 + 1.0) * 12.9898 + seed * 78.233).sin() * 43_758.545_3;
+            (x - x.floor() - 0.5) * scale
+        })
+        .collect()
+}
+
+/// One op input: values, shape, and whether it gets a gradient.
+struct Input {
+    values: Vec<f64>,
+    shape: Vec<usize>,
+    differentiable: bool,
+}
+
+fn input(shape: &[usize], seed: f64, scale: f64, differentiable: bool) -> Input {
+    let n = shape.iter().product();
+    Input {
+        values: data(n, seed, scale),
+        shape: shape.to_vec(),
+        differentiable,
+    }
+}
+
+type Op<'a> = &'a dyn Fn(&[Tensor]) -> Result<Tensor>;
+/// Flattened output and the flattened gradient of every differentiable input.
+type OutAndGrads = (Vec<f64>, Vec<Option<Vec<f64>>>);
+
+/// Output and gradients of `sum(op(inputs) * weights)` w.r.t. the differentiable inputs.
+fn run(op: Op, inputs: &[Input], dtype: DType) -> Result<OutAndGrads> {
+    let vars = inputs
+        .iter()
+        .map(|i| {
+            let t = Tensor::from_slice(&i.values, i.shape.as_slice(), &Device::Cpu)?;
+            Var::from_tensor(&t.to_dtype(dtype)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let tensors: Vec<Tensor> = vars
+        .iter()
+        .zip(inputs)
+        .map(|(v, i)| {
+            if i.differentiable {
+                v.as_tensor().clone()
+            } else {
+                v.as_tensor().detach()
+            }
+        })
+        .collect();
+    let out = op(&tensors)?;
+    let w = Tensor::from_vec(data(out.elem_count(), 99.0, 2.0), out.shape(), &Device::Cpu)?
+        .to_dtype(dtype)?;
+    let loss = (out.clone() * w)?.sum_all()?;
+    let grads = loss.backward()?;
+    let flat =
+        |t: &Tensor| -> Result<Vec<f64>> { t.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
+    let gs = vars
+        .iter()
+        .zip(inputs)
+        .map(|(v, i)| {
+            if !i.differentiable {
+                return Ok(None);
+            }
+            match grads.get(v.as_tensor()) {
+                Some(g) => Ok(Some(flat(g)?)),
+                None => Ok(Some(vec![0.0; i.values.len()])),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((flat(&out)?, gs))
+}
+
+/// Value of `sum(op(inputs) * weights)` in f64 without a graph.
+fn loss(op: Op, inputs: &[Input]) -> Result<f64> {
+    let ts = inputs
+        .iter()
+        .map(|i| Tensor::from_slice(&i.values, i.shape.as_slice(), &Device::Cpu))
+        .collect::<Result<Vec<_>>>()?;
+    let out = op(&ts)?;
+    let w = Tensor::from_vec(data(out.elem_count(), 99.0, 2.0), out.shape(), &Device::Cpu)?;
+    (out * w)?.sum_all()?.to_scalar::<f64>()
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= rel * scale,
+            "{what}[{i}]: got {g}, want {w} (scale {scale}, rel tol {rel})"
+        );
+    }
+}
+
+/// Compares the fused op with the reference in f64 (tight) and f32, and checks f64 gradients with
+/// central finite differences at a few elements of every differentiable input.
+fn check(name: &str, fast: Op, reference: Op, inputs: &mut [Input]) {
+    let (out, grads) = run(fast, inputs, DType::F64).unwrap();
+    let (rout, rgrads) = run(reference, inputs, DType::F64).unwrap();
+    assert_close(&format!("{name} f64 forward"), &out, &rout, 1e-12);
+    for (k, (g, r)) in grads.iter().zip(&rgrads).enumerate() {
+        if let (Some(g), Some(r)) = (g, r) {
+            assert_close(&format!("{name} f64 grad of input {k}"), g, r, 1e-11);
+            assert!(
+                g.iter().any(|v| *v != 0.0),
+                "{name}: input {k} got a zero gradient"
+            );
+        }
+    }
+    let (out32, grads32) = run(fast, inputs, DType::F32).unwrap();
+    assert_close(&format!("{name} f32 forward"), &out32, &rout, 1e-5);
+    for (k, (g, r)) in grads32.iter().zip(&rgrads).enumerate() {
+        if let (Some(g), Some(r)) = (g, r) {
+            assert_close(&format!("{name} f32 grad of input {k}"), g, r, 1e-4);
+        }
+    }
+    let h = 1e-5;
+    for k in 0..inputs.len() {
+        let Some(g) = &grads[k] else { continue };
+        let n = g.len();
+        let argmax = (0..n)
+            .max_by(|&a, &b| g[a].abs().total_cmp(&g[b].abs()))
+            .unwrap();
+        for idx in [argmax, 0, n / 3, n - 1, (7 * n) / 11] {
+            let orig = inputs[k].values[idx];
+            inputs[k].values[idx] = orig + h;
+            let up = loss(fast, inputs).unwrap();
+            inputs[k].values[idx] = orig - h;
+            let down = loss(fast, inputs).unwrap();
+            inputs[k].values[idx] = orig;
+            let fd = (up - down) / (2.0 * h);
+            assert!(
+                (fd - g[idx]).abs() <= 1e-6 * g[idx].abs().max(1.0),
+                "{name}: finite difference of input {k}[{idx}] = {fd}, gradient {}",
+                g[idx]
+            );
+        }
+    }
+}
+
+#[test]
+fn rms_norm_matches_reference_and_finite_differences() {
+    let mut inputs = [
+        input(&[5, 3, 24], 1.0, 2.0, true),
+        input(&[24], 2.0, 1.0, true),
+    ];
+    inputs[1].values.iter_mut().for_each(|w| *w += 1.0);
+    check(
+        "rms_norm",
+        &|t| ops::rms_norm(&t[0], &t[1], 1e-6),
+        &|t| composite::rms_norm(&t[0], &t[1], 1e-6),
+        &mut inputs,
+    );
+}
+
+#[test]
+fn rope_matches_reference_and_finite_differences() {
+    let (t, heads, d) = (9, 3, 8);
+    let angles: Vec<f64> = (0..t * d / 2)
+        .map(|i| (i / (d / 2)) as f64 * 10_000f64.powf(-((i % (d / 2)) as f64) / (d / 2) as f64))
+        .collect();
+    let mut inputs = [
+        input(&[t, heads, d], 3.0, 2.0, true),
+        Input {
+            values: angles.iter().map(|a| a.cos()).collect(),
+            shape: vec![t, d / 2],
+            differentiable: false,
+        },
+        Input {
+            values: angles.iter().map(|a| a.sin()).collect(),
+            shape: vec![t, d / 2],
+            differentiable: false,
+        },
+    ];
+    check(
+        "rope",
+        &|x| ops::rope(&x[0], &x[1], &x[2]),
+        &|x| composite::rope(&x[0], &x[1], &x[2]),
+        &mut inputs,
+    );
+}
+
+#[test]
+fn swiglu_matches_reference_and_finite_differences() {
+    let mut inputs = [
+        input(&[7, 33], 4.0, 8.0, true),
+        input(&[7, 33], 5.0, 2.0, true),
+    ];
+    check(
+        "swiglu",
+        &|t| ops::swiglu(&t[0], &t[1]),
+        &|t| composite::swiglu(&t[0], &t[1]),
+        &mut inputs,
+    );
+}
+
+#[test]
+fn attention_matches_reference_and_finite_differences() {
+    // Sequences longer than one 64-row block, a single token, and an empty one; GQA 4:2.
+    let offsets = [0, 70, 71, 71, 150];
+    let (t, hq, hkv, d) = (150, 4, 2, 8);
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut inputs = [
+        input(&[t, hq, d], 6.0, 4.0, true),
+        input(&[t, hkv, d], 7.0, 4.0, true),
+        input(&[t, hkv, d], 8.0, 2.0, true),
+    ];
+    check(
+        "attention",
+        &|x| ops::packed_causal_attention(&x[0], &x[1], &x[2], &offsets, scale),
+        &|x| composite::packed_causal_attention(&x[0], &x[1], &x[2], &offsets, scale),
+        &mut inputs,
+    );
+}
+
+#[test]
+fn token_logprobs_matches_reference_and_finite_differences() {
+    let (n, v, h) = (21, 40, 12);
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % v as u32).collect();
+    let mut inputs = [
+        input(&[n, h], 9.0, 3.0, true),
+        input(&[v, h], 10.0, 3.0, true),
+    ];
+    let stacked = |(lp, ent): (Tensor, Option<Tensor>)| Tensor::stack(&[lp, ent.unwrap()], 1);
+    check(
+        "token_logprobs",
+        &|x| stacked(ops::token_logprobs(&x[0], &x[1], &targets, 0.7, true)?),
+        &|x| {
+            stacked(composite::token_logprobs(
+                &x[0], &x[1], &targets, 0.7, true, 8,
+            )?)
+        },
+        &mut inputs,
+    );
+}
+
+#[test]
+fn packed_attention_equals_each_sequence_alone() {
+    let offsets = [0, 5, 75, 90];
+    let (t, hq, hkv, d) = (90, 6, 2, 4);
+    let q = Tensor::from_vec(data(t * hq * d, 1.0, 2.0), (t, hq, d), &Device::Cpu).unwrap();
+    let k = Tensor::from_vec(data(t * hkv * d, 2.0, 2.0), (t, hkv, d), &Device::Cpu).unwrap();
+    let v = Tensor::from_vec(data(t * hkv * d, 3.0, 2.0), (t, hkv, d), &Device::Cpu).unwrap();
+    let packed = ops::packed_causal_attention(&q, &k, &v, &offsets, 0.5).unwrap();
+    for w in offsets.windows(2) {
+        let (s, l) = (w[0], w[1] - w[0]);
+        let alone = ops::packed_causal_attention(
+            &q.narrow(0, s, l).unwrap(),
+            &k.narrow(0, s, l).unwrap(),
+            &v.narrow(0, s, l).unwrap(),
+            &[0, l],
+            0.5,
+        )
+        .unwrap();
+        let diff = (packed.narrow(0, s, l).unwrap() - alone)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert_eq!(diff, 0.0, "sequence at {s} differs when packed");
+    }
+}
+
+#[test]
+fn gradients_are_deterministic() {
+    let inputs = [
+        input(&[300, 64], 1.0, 2.0, true),
+        input(&[64], 2.0, 1.0, true),
+    ];
+    let op: Op = &|t| ops::rms_norm(&t[0], &t[1], 1e-6);
+    let a = run(op, &inputs, DType::F32).unwrap();
+    let b = run(op, &inputs, DType::F32).unwrap();
+    assert_eq!(a.1, b.1);
+}
+
+#[test]
+fn half_precision_runs_through_the_composite_path() {
+    let x = Tensor::from_vec(data(48, 1.0, 2.0), (2, 24), &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let w = Tensor::ones(24, DType::BF16, &Device::Cpu).unwrap();
+    let y = ops::rms_norm(&x, &w, 1e-6).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_eq!(ops::swiglu(&x, &x).unwrap().dtype(), DType::BF16);
+}
+
+#[test]
+fn empty_inputs_give_empty_outputs() {
+    let q = Tensor::zeros((0, 2, 4), DType::F32, &Device::Cpu).unwrap();
+    let out = ops::packed_causal_attention(&q, &q, &q, &[0], 1.0).unwrap();
+    assert_eq!(out.dims(), &[0, 2, 4]);
+    let h = Tensor::zeros((0, 4), DType::F32, &Device::Cpu).unwrap();
+    let w = Tensor::zeros((10, 4), DType::F32, &Device::Cpu).unwrap();
+    let (lp, ent) = ops::token_logprobs(&h, &w, &[], 1.0, true).unwrap();
+    assert_eq!(lp.dims(), &[0]);
+    assert_eq!(ent.unwrap().dims(), &[0]);
+}
+
+#[test]
+fn bad_inputs_are_errors_naming_the_problem() {
+    let dev = Device::Cpu;
+    let q = Tensor::zeros((6, 4, 8), DType::F32, &dev).unwrap();
+    let k = Tensor::zeros((6, 3, 8), DType::F32, &dev).unwrap();
+    let err = ops::packed_causal_attention(&q, &k, &k, &[0, 6], 1.0).unwrap_err();
+    assert!(err.to_string().contains("incompatible"), "{err}");
+    let k = Tensor::zeros((6, 2, 8), DType::F32, &dev).unwrap();
+    let err = ops::packed_causal_attention(&q, &k, &k, &[0, 4, 3, 6], 1.0).unwrap_err();
+    assert!(err.to_string().contains("seq_offsets"), "{err}");
+    let h = Tensor::zeros((2, 4), DType::F32, &dev).unwrap();
+    let w = Tensor::zeros((10, 4), DType::F32, &dev).unwrap();
+    let err = ops::token_logprobs(&h, &w, &[1, 10], 1.0, false).unwrap_err();
+    assert!(err.to_string().contains("target 10 at row 1"), "{err}");
+    let err = ops::token_logprobs(&h, &w, &[1, 2], 0.0, false).unwrap_err();
+    assert!(err.to_string().contains("temperature"), "{err}");
+    let x = Tensor::zeros((2, 8), DType::F32, &dev).unwrap();
+    let bad = Tensor::zeros(7, DType::F32, &dev).unwrap();
+    assert!(ops::rms_norm(&x, &bad, 1e-6).is_err());
+    let cs = Tensor::zeros((6, 3), DType::F32, &dev).unwrap();
+    assert!(ops::rope(&q, &cs, &cs).is_err());
+    assert!(ops::swiglu(&x, &h).is_err());
+}
