@@ -1,0 +1,419 @@
+//! The Qwen3 model configuration, read from and written to a Hugging Face `config.json`.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::{Error, Result};
+
+/// Upper bounds beyond which a configuration is refused as absurd, before anything is allocated.
+const MAX_VOCAB: usize = 1 << 24;
+const MAX_HIDDEN: usize = 1 << 16;
+const MAX_INTERMEDIATE: usize = 1 << 20;
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1024;
+const MAX_HEAD_DIM: usize = 1024;
+const MAX_POSITIONS: usize = 1 << 24;
+/// One trillion parameters.
+const MAX_PARAMS: u128 = 1_000_000_000_000;
+
+/// The hyper-parameters of a Qwen3 causal language model (`Qwen3ForCausalLM`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen3Config {
+    /// Vocabulary size (rows of the embedding and of the lm_head).
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_hidden_layers: usize,
+    /// Number of query heads.
+    pub num_attention_heads: usize,
+    /// Number of key/value heads (grouped-query attention).
+    pub num_key_value_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Epsilon of every RMSNorm.
+    pub rms_norm_eps: f64,
+    /// Base of the rotary position embedding.
+    pub rope_theta: f64,
+    /// Whether the lm_head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Longest supported sequence.
+    pub max_position_embeddings: usize,
+    /// The checkpoint's storage dtype as written in `config.json` (`bfloat16`, `float32`, ...).
+    pub torch_dtype: Option<String>,
+    /// Other keys of the source `config.json` (token ids, cache flags, ...), written back on save.
+    pub extra: Map<String, Value>,
+}
+
+impl Qwen3Config {
+    /// A tiny configuration for tests and demos: vocab 512, hidden 128, 2 layers, 4 query and 2
+    /// key/value heads of width 32, MLP 384, tied embeddings.
+    pub fn tiny() -> Self {
+        Self {
+            vocab_size: 512,
+            hidden_size: 128,
+            intermediate_size: 384,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 32,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            tie_word_embeddings: true,
+            max_position_embeddings: 4096,
+            torch_dtype: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// Reads and validates a Hugging Face `config.json` of a `Qwen3ForCausalLM`.
+    pub fn from_hf_json(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Io(format!("reading {}: {e}", path.display())))?;
+        Self::from_hf_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses and validates the text of a Hugging Face `config.json`.
+    pub fn from_hf_str(text: &str) -> Result<Self> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid JSON: {e}")))?;
+        let Value::Object(mut obj) = value else {
+            return Err(Error::Config("config.json is not a JSON object".into()));
+        };
+        let model_type = obj.get("model_type").and_then(Value::as_str);
+        if model_type != Some("qwen3") {
+            return Err(Error::Config(format!(
+                "model_type is {}, only \"qwen3\" is supported",
+                obj.get("model_type")
+                    .map_or("missing".to_string(), Value::to_string)
+            )));
+        }
+        if let Some(archs) = obj.get("architectures") {
+            let ok = archs
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("Qwen3ForCausalLM")));
+            if !ok {
+                return Err(Error::Config(format!(
+                    "architectures is {archs}, expected [\"Qwen3ForCausalLM\"]"
+                )));
+            }
+        }
+        refuse_if(&obj, "attention_bias", |v| v.as_bool() == Some(true))?;
+        refuse_if(&obj, "use_sliding_window", |v| v.as_bool() == Some(true))?;
+        refuse_if(&obj, "hidden_act", |v| v.as_str() != Some("silu"))?;
+        refuse_if(&obj, "rope_scaling", |v| {
+            !(v.is_null() || v.get("rope_type").and_then(Value::as_str) == Some("default"))
+        })?;
+        let rope_params = obj.get("rope_parameters").cloned();
+        if let Some(rp) = &rope_params {
+            let kind = rp.get("rope_type").and_then(Value::as_str);
+            if !(rp.is_null() || kind.is_none() || kind == Some("default")) {
+                return Err(Error::Config(format!(
+                    "rope_parameters {rp} is not supported (only the default rotary embedding)"
+                )));
+            }
+        }
+
+        let num_attention_heads = take_usize(&mut obj, "num_attention_heads")?;
+        let hidden_size = take_usize(&mut obj, "hidden_size")?;
+        let head_dim = match obj.remove("head_dim") {
+            None | Some(Value::Null) => {
+                if num_attention_heads == 0 || !hidden_size.is_multiple_of(num_attention_heads) {
+                    return Err(Error::Config(format!(
+                        "head_dim is missing and hidden_size {hidden_size} is not a multiple of \
+                         num_attention_heads {num_attention_heads}"
+                    )));
+                }
+                hidden_size / num_attention_heads
+            }
+            Some(v) => as_usize("head_dim", &v)?,
+        };
+        let rope_theta =
+            match obj.remove("rope_theta") {
+                Some(v) if !v.is_null() => as_f64("rope_theta", &v)?,
+                _ => match rope_params.as_ref().and_then(|rp| rp.get("rope_theta")) {
+                    Some(v) => as_f64("rope_parameters.rope_theta", v)?,
+                    None => return Err(Error::Config(
+                        "rope_theta is missing (neither top level nor rope_parameters.rope_theta)"
+                            .into(),
+                    )),
+                },
+            };
+        obj.remove("rope_parameters");
+        let tie_word_embeddings = match obj.remove("tie_word_embeddings") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => b,
+            Some(v) => {
+                return Err(Error::Config(format!(
+                    "tie_word_embeddings is {v}, expected true or false"
+                )))
+            }
+        };
+        let torch_dtype = match obj.remove("torch_dtype").or_else(|| obj.remove("dtype")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(v) => {
+                return Err(Error::Config(format!(
+                    "torch_dtype is {v}, expected a string"
+                )))
+            }
+        };
+        let cfg = Self {
+            vocab_size: take_usize(&mut obj, "vocab_size")?,
+            hidden_size,
+            intermediate_size: take_usize(&mut obj, "intermediate_size")?,
+            num_hidden_layers: take_usize(&mut obj, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads: take_usize(&mut obj, "num_key_value_heads")?,
+            head_dim,
+            rms_norm_eps: {
+                let v = obj
+                    .remove("rms_norm_eps")
+                    .ok_or_else(|| Error::Config("rms_norm_eps is missing".into()))?;
+                as_f64("rms_norm_eps", &v)?
+            },
+            rope_theta,
+            tie_word_embeddings,
+            max_position_embeddings: take_usize(&mut obj, "max_position_embeddings")?,
+            torch_dtype,
+            extra: obj,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks that the sizes are consistent and within sane bounds.
+    pub fn validate(&self) -> Result<()> {
+        let bounded = [
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("hidden_size", self.hidden_size, MAX_HIDDEN),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                MAX_INTERMEDIATE,
+            ),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_POSITIONS,
+            ),
+        ];
+        for (key, value, max) in bounded {
+            if value == 0 || value > max {
+                return Err(Error::Config(format!(
+                    "{key} = {value} is out of range (1..={max})"
+                )));
+            }
+        }
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return Err(Error::Config(format!(
+                "num_attention_heads = {} is not a multiple of num_key_value_heads = {}",
+                self.num_attention_heads, self.num_key_value_heads
+            )));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(Error::Config(format!(
+                "head_dim = {} must be even for the rotary embedding",
+                self.head_dim
+            )));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return Err(Error::Config(format!(
+                "rms_norm_eps = {} is out of range (0, 1)",
+                self.rms_norm_eps
+            )));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(Error::Config(format!(
+                "rope_theta = {} must be a finite number above 1",
+                self.rope_theta
+            )));
+        }
+        if self.num_parameters() > MAX_PARAMS {
+            return Err(Error::Config(format!(
+                "the configuration describes {} parameters, more than the supported {MAX_PARAMS}",
+                self.num_parameters()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Total number of parameters (the tied lm_head counted once).
+    pub fn num_parameters(&self) -> u128 {
+        let (v, h, i) = (
+            self.vocab_size as u128,
+            self.hidden_size as u128,
+            self.intermediate_size as u128,
+        );
+        let d = self.head_dim as u128;
+        let q = self.num_attention_heads as u128 * d;
+        let kv = self.num_key_value_heads as u128 * d;
+        let layer = 2 * h + 2 * d + h * q + 2 * h * kv + q * h + 3 * h * i;
+        let lm_head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + self.num_hidden_layers as u128 * layer + h + lm_head
+    }
+
+    /// The configuration as a Hugging Face `config.json` object that `transformers` loads.
+    pub fn to_hf_json(&self) -> Value {
+        let mut obj = self.extra.clone();
+        let mut set = |k: &str, v: Value| {
+            obj.insert(k.to_string(), v);
+        };
+        set("architectures", serde_json::json!(["Qwen3ForCausalLM"]));
+        set("model_type", "qwen3".into());
+        set("vocab_size", self.vocab_size.into());
+        set("hidden_size", self.hidden_size.into());
+        set("intermediate_size", self.intermediate_size.into());
+        set("num_hidden_layers", self.num_hidden_layers.into());
+        set("num_attention_heads", self.num_attention_heads.into());
+        set("num_key_value_heads", self.num_key_value_heads.into());
+        set("head_dim", self.head_dim.into());
+        set("rms_norm_eps", self.rms_norm_eps.into());
+        set("rope_theta", self.rope_theta.into());
+        set(
+            "rope_parameters",
+            serde_json::json!({"rope_theta": self.rope_theta, "rope_type": "default"}),
+        );
+        set("tie_word_embeddings", self.tie_word_embeddings.into());
+        set(
+            "max_position_embeddings",
+            self.max_position_embeddings.into(),
+        );
+        set("hidden_act", "silu".into());
+        set("attention_bias", false.into());
+        if let Some(d) = &self.torch_dtype {
+            set("torch_dtype", d.clone().into());
+        }
+        Value::Object(obj)
+    }
+}
+
+/// Errors when `key` is present and `bad` holds for its value.
+fn refuse_if(obj: &Map<String, Value>, key: &str, bad: impl Fn(&Value) -> bool) -> Result<()> {
+    match obj.get(key) {
+        Some(v) if bad(v) => Err(Error::Config(format!("{key} = {v} is not supported"))),
+        _ => Ok(()),
+    }
+}
+
+fn take_usize(obj: &mut Map<String, Value>, key: &str) -> Result<usize> {
+    let v = obj
+        .remove(key)
+        .ok_or_else(|| Error::Config(format!("{key} is missing")))?;
+    as_usize(key, &v)
+}
+
+fn as_usize(key: &str, v: &Value) -> Result<usize> {
+    v.as_u64()
+        .and_then(|x| usize::try_from(x).ok())
+        .ok_or_else(|| Error::Config(format!("{key} = {v} is not a non-negative integer")))
+}
+
+fn as_f64(key: &str, v: &Value) -> Result<f64> {
+    v.as_f64()
+        .ok_or_else(|| Error::Config(format!("{key} = {v} is not a number")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf_json() -> Value {
+        serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+            "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
+            "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+            "tie_word_embeddings": true, "max_position_embeddings": 40960,
+            "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
+            "hidden_act": "silu", "attention_bias": false, "rope_scaling": null,
+            "use_sliding_window": false, "sliding_window": null
+        })
+    }
+
+    fn parse(v: &Value) -> Result<Qwen3Config> {
+        Qwen3Config::from_hf_str(&v.to_string())
+    }
+
+    #[test]
+    fn parses_qwen3_4b() {
+        let cfg = parse(&hf_json()).unwrap();
+        assert_eq!(cfg.vocab_size, 151936);
+        assert_eq!(cfg.head_dim, 128);
+        assert_eq!(cfg.rope_theta, 1e6);
+        assert_eq!(cfg.torch_dtype.as_deref(), Some("bfloat16"));
+        assert_eq!(cfg.extra["bos_token_id"], 151643);
+        // Qwen3-4B has about 4.02 B parameters.
+        let n = cfg.num_parameters();
+        assert!((4_000_000_000..4_100_000_000).contains(&n), "{n}");
+        // Round trip through to_hf_json.
+        let again = parse(&cfg.to_hf_json()).unwrap();
+        assert_eq!(again, cfg);
+    }
+
+    #[test]
+    fn rope_theta_from_rope_parameters() {
+        let mut v = hf_json();
+        v.as_object_mut().unwrap().remove("rope_theta");
+        v["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "default"});
+        v.as_object_mut().unwrap().remove("torch_dtype");
+        v["dtype"] = "float32".into();
+        let cfg = parse(&v).unwrap();
+        assert_eq!(cfg.rope_theta, 5e5);
+        assert_eq!(cfg.torch_dtype.as_deref(), Some("float32"));
+    }
+
+    #[test]
+    fn refuses_bad_configs() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("model_type", "llama".into(), "model_type"),
+            ("num_key_value_heads", 5.into(), "not a multiple"),
+            ("vocab_size", 0.into(), "vocab_size"),
+            ("hidden_size", (1u64 << 40).into(), "hidden_size"),
+            ("head_dim", 127.into(), "even"),
+            ("rms_norm_eps", (-1.0).into(), "rms_norm_eps"),
+            ("attention_bias", true.into(), "attention_bias"),
+            ("num_hidden_layers", "36".into(), "num_hidden_layers"),
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+                "rope_scaling",
+            ),
+        ];
+        for (key, value, needle) in cases {
+            let mut v = hf_json();
+            v[key] = value;
+            let err = parse(&v).unwrap_err().to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+        }
+        let mut v = hf_json();
+        v.as_object_mut().unwrap().remove("vocab_size");
+        assert!(parse(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("vocab_size is missing"));
+        assert!(Qwen3Config::from_hf_str("[1]").is_err());
+        assert!(Qwen3Config::from_hf_str("{").is_err());
+    }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.json");
+        std::fs::write(&p, "{\"model_type\": \"gpt2\"}").unwrap();
+        let err = Qwen3Config::from_hf_json(&p).unwrap_err().to_string();
+        assert!(err.contains("config.json") && err.contains("gpt2"), "{err}");
+        assert!(Qwen3Config::tiny().validate().is_ok());
+    }
+}

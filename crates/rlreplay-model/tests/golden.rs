@@ -1,0 +1,236 @@
+//! The model against float64 golden values from Hugging Face transformers
+//! (`scripts/golden_model.py generate`): per-token log-probs and entropies, gradients of a
+//! weighted sum of log-probs, two AdamW steps with clipping, and export of a checkpoint that
+//! `scripts/golden_model.py check-rust-save` loads back with transformers.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::safetensors::load;
+use candle_core::Tensor;
+use rlreplay_model::{AdamW, AdamWConfig, DType, Device, Qwen3, SeqPair};
+use serde::Deserialize;
+
+const MODELS: [&str; 2] = ["tiny_tied", "tiny_gqa_untied"];
+
+#[derive(Deserialize)]
+struct Pair {
+    prompt: Vec<u32>,
+    response: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct AdamWGolden {
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    max_grad_norm: f64,
+    weights_step2: Vec<f64>,
+    grad_norms: Vec<f64>,
+}
+
+#[derive(Deserialize)]
+struct Golden {
+    temperature: f64,
+    pairs: Vec<Pair>,
+    weights: Vec<f64>,
+    logprobs: Vec<Vec<f64>>,
+    entropy: Vec<Vec<f64>>,
+    grad_norm: f64,
+    adamw: AdamWGolden,
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn golden(name: &str) -> Golden {
+    let text = std::fs::read_to_string(fixtures().join(format!("{name}.golden.json"))).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn pairs(g: &Golden) -> Vec<SeqPair<'_>> {
+    g.pairs
+        .iter()
+        .map(|p| SeqPair::new(&p.prompt, &p.response))
+        .collect()
+}
+
+fn load_model(name: &str, dtype: DType) -> Qwen3 {
+    Qwen3::load(fixtures().join(name), dtype, &Device::Cpu).unwrap()
+}
+
+fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+fn flat(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// max |a − b| / max |b| over the elements of one tensor.
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (flat(a), flat(b));
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale.max(f64::MIN_POSITIVE)
+}
+
+fn check_logprobs(dtype: DType, tol: f64) {
+    for name in MODELS {
+        let g = golden(name);
+        let model = load_model(name, dtype);
+        let out = model.logprobs(&pairs(&g), g.temperature, true).unwrap();
+        let d_lp = max_abs_diff(&out.logprobs, &g.logprobs);
+        let d_ent = max_abs_diff(out.entropy.as_ref().unwrap(), &g.entropy);
+        assert!(d_lp < tol, "{name} {dtype:?}: log-probs differ by {d_lp:e}");
+        assert!(
+            d_ent < tol,
+            "{name} {dtype:?}: entropies differ by {d_ent:e}"
+        );
+    }
+}
+
+fn check_grads(dtype: DType, tol: f64) {
+    for name in MODELS {
+        let g = golden(name);
+        let mut model = load_model(name, dtype);
+        let expected = load(
+            fixtures().join(format!("{name}.grads.safetensors")),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let lps = model
+            .forward_backward(&pairs(&g), &g.weights, g.temperature)
+            .unwrap();
+        let d_lp = max_abs_diff(&lps, &g.logprobs);
+        assert!(d_lp < tol, "{name} {dtype:?}: log-probs differ by {d_lp:e}");
+        assert_eq!(expected.len(), model.params().len());
+        for (p, grad) in model.params().iter().zip(model.grads()) {
+            let e = rel_err(grad.as_ref().unwrap(), &expected[&p.name]);
+            assert!(
+                e < tol,
+                "{name} {dtype:?}: gradient of {} off by {e:e}",
+                p.name
+            );
+        }
+        let norm = model.grad_norm().unwrap();
+        assert!(
+            (norm - g.grad_norm).abs() < tol * g.grad_norm,
+            "{norm} vs {}",
+            g.grad_norm
+        );
+    }
+}
+
+#[test]
+fn logprobs_f64_match_transformers() {
+    check_logprobs(DType::F64, 1e-9);
+}
+
+#[test]
+fn logprobs_f32_match_transformers() {
+    check_logprobs(DType::F32, 1e-4);
+}
+
+#[test]
+fn gradients_f64_match_transformers() {
+    check_grads(DType::F64, 1e-9);
+}
+
+#[test]
+fn gradients_f32_match_transformers() {
+    check_grads(DType::F32, 1e-4);
+}
+
+#[test]
+fn two_adamw_steps_with_clipping_match_torch() {
+    for name in MODELS {
+        let g = golden(name);
+        let a = &g.adamw;
+        let mut model = load_model(name, DType::F64);
+        let cfg = AdamWConfig {
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: a.eps,
+            weight_decay: a.weight_decay,
+            max_grad_norm: Some(a.max_grad_norm),
+        };
+        let mut opt = AdamW::new(&model, cfg);
+        for (step, weights) in [&g.weights, &a.weights_step2].into_iter().enumerate() {
+            model
+                .forward_backward(&pairs(&g), weights, g.temperature)
+                .unwrap();
+            let report = opt.step(&mut model, a.lr).unwrap();
+            assert!(!report.skipped);
+            let want = a.grad_norms[step];
+            assert!(
+                (report.grad_norm - want).abs() < 1e-9 * want,
+                "{name} step {step}: grad norm {} vs {want}",
+                report.grad_norm
+            );
+        }
+        assert_eq!(opt.steps(), 2);
+        let expected: HashMap<String, Tensor> = load(
+            fixtures().join(format!("{name}.adamw.safetensors")),
+            &Device::Cpu,
+        )
+        .unwrap();
+        for p in model.params() {
+            let e = rel_err(p.var.as_tensor(), &expected[&p.name]);
+            assert!(e < 1e-9, "{name}: {} after two steps off by {e:e}", p.name);
+        }
+    }
+}
+
+/// Loads each fixture, takes one AdamW step, saves with `save_hf` and checks the reload is
+/// bit-identical. With `RLREPLAY_EXPORT_DIR` set, the checkpoints and Rust's log-probs of the
+/// golden pairs are left there for `scripts/golden_model.py check-rust-save`.
+#[test]
+fn hf_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::env::var_os("RLREPLAY_EXPORT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    for name in MODELS {
+        let g = golden(name);
+        let mut model = load_model(name, DType::F32);
+        let mut opt = AdamW::new(&model, AdamWConfig::default());
+        model
+            .forward_backward(&pairs(&g), &g.weights, g.temperature)
+            .unwrap();
+        opt.step(&mut model, 1e-2).unwrap();
+        let dir = root.join(name);
+        model.save_hf(&dir).unwrap();
+        let reloaded = Qwen3::load(&dir, DType::F32, &Device::Cpu).unwrap();
+        for (a, b) in model.params().iter().zip(reloaded.params()) {
+            assert_eq!(a.name, b.name);
+            let (x, y) = (flat(a.var.as_tensor()), flat(b.var.as_tensor()));
+            assert!(
+                x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{}",
+                a.name
+            );
+        }
+        let out = reloaded.logprobs(&pairs(&g), g.temperature, false).unwrap();
+        let json = serde_json::json!({ "logprobs": out.logprobs });
+        std::fs::write(dir.join("rust_logprobs.json"), json.to_string()).unwrap();
+    }
+}

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Golden fixtures for the Qwen3 model crate, computed with Hugging Face transformers.
+
+Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy safetensors
+
+  .venv/torch/bin/python scripts/golden_model.py generate
+      Builds tiny random Qwen3 checkpoints (tied embeddings, and untied with 4:1 grouped-query
+      attention), saves them with `save_pretrained` (float32) under
+      crates/rlreplay-model/tests/fixtures/<name>/, and writes for each:
+        <name>.golden.json           the (prompt, response) pairs, temperature, the per-token
+                                     weights g, golden per-token log-probs and entropies
+        <name>.grads.safetensors     float64 gradients of sum(g * logprob) for every parameter
+        <name>.adamw.safetensors     float64 weights after two AdamW steps with grad clipping
+                                     (hyper-parameters and the second step's weights in the JSON)
+      Golden values are computed in float64 on the saved float32 weights. transformers keeps
+      RMSNorm, the RoPE angles and the eager softmax in float32 even in a float64 model, so those
+      three are patched to run in the model dtype. The unpatched float32 model is checked against
+      the float64 golden values (same semantics up to float32 rounding).
+
+  .venv/torch/bin/python scripts/golden_model.py check-rust-save
+      Runs the Rust test `hf_export` (crates/rlreplay-model/tests/golden.rs) with
+      RLREPLAY_EXPORT_DIR set: Rust loads each fixture, takes one AdamW step, saves the model with
+      `save_hf` and writes its own log-probs of the fixture pairs to rust_logprobs.json. This script
+      then loads every exported checkpoint with AutoModelForCausalLM.from_pretrained, unchanged,
+      and checks its log-probs against Rust's.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3 import modeling_qwen3 as mq
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "crates/rlreplay-model/tests/fixtures"
+
+MODELS = {
+    # name: (config overrides, temperature, seed)
+    "tiny_tied": (
+        dict(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0),
+        1.0,
+        11,
+    ),
+    "tiny_gqa_untied": (
+        dict(num_key_value_heads=1, tie_word_embeddings=False, rope_theta=1000000.0),
+        0.7,
+        12,
+    ),
+}
+# (prompt length, response length) of the golden pairs.
+PAIRS = [(5, 7), (3, 1), (9, 4), (1, 6)]
+ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+def config(overrides):
+    base = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+        attn_implementation="eager",
+    )
+    base.update(overrides)
+    theta = base.pop("rope_theta")
+    cfg = Qwen3Config(**base, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+# --- float64 patches of the three places transformers forces float32 ---------------------------
+
+def rms_norm_forward(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def rotary_forward(self, x, position_ids):
+    inv_freq = self.inv_freq_f64.to(x.device)
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    key_states = mq.repeat_kv(key, module.num_key_value_groups)
+    value_states = mq.repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1)
+    attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class Float64Patches:
+    """Context manager running transformers' Qwen3 fully in the model dtype."""
+
+    def __enter__(self):
+        self.saved = (mq.Qwen3RMSNorm.forward, mq.Qwen3RotaryEmbedding.forward, mq.eager_attention_forward)
+        mq.Qwen3RMSNorm.forward = rms_norm_forward
+        mq.Qwen3RotaryEmbedding.forward = rotary_forward
+        mq.eager_attention_forward = eager_attention_forward
+
+    def __exit__(self, *exc):
+        mq.Qwen3RMSNorm.forward, mq.Qwen3RotaryEmbedding.forward, mq.eager_attention_forward = self.saved
+
+
+def load_f64(path):
+    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
+    cfg = model.config
+    dim = cfg.head_dim
+    theta = cfg.rope_parameters["rope_theta"]
+    model.model.rotary_emb.inv_freq_f64 = 1.0 / (
+        theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    )
+    return model
+
+
+def sequence_logprobs(model, prompt, response, temperature):
+    """Log-probs and entropies of the response tokens of one unpacked sequence."""
+    ids = torch.tensor([prompt + response])
+    logits = model(input_ids=ids).logits[0]
+    p = len(prompt)
+    z = logits[p - 1 : p - 1 + len(response)] / temperature
+    logp = torch.log_softmax(z, dim=-1)
+    lp = logp.gather(1, torch.tensor(response)[:, None])[:, 0]
+    ent = -(logp.exp() * logp).sum(-1)
+    return lp, ent
+
+
+def all_logprobs(model, pairs, temperature):
+    lps, ents = [], []
+    for prompt, response in pairs:
+        lp, ent = sequence_logprobs(model, prompt, response, temperature)
+        lps.append(lp)
+        ents.append(ent)
+    return lps, ents
+
+
+def weighted_backward(model, pairs, weights, temperature):
+    lps, _ = all_logprobs(model, pairs, temperature)
+    flat = torch.cat(lps)
+    (flat * torch.tensor(weights, dtype=flat.dtype)).sum().backward()
+
+
+def generate():
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    for name, (overrides, temperature, seed) in MODELS.items():
+        torch.manual_seed(seed)
+        cfg = config(overrides)
+        model = Qwen3ForCausalLM(cfg).to(torch.float32)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "norm" in pname:
+                    p.copy_(1.0 + 0.2 * torch.randn_like(p))
+        out = FIXTURES / name
+        model.save_pretrained(out, safe_serialization=True)
+        gen = torch.Generator().manual_seed(seed + 100)
+        pairs = [
+            (
+                torch.randint(0, cfg.vocab_size, (p,), generator=gen).tolist(),
+                torch.randint(0, cfg.vocab_size, (r,), generator=gen).tolist(),
+            )
+            for p, r in PAIRS
+        ]
+        n_tokens = sum(r for _, r in PAIRS)
+        weights = torch.randn(n_tokens, generator=gen, dtype=torch.float64).tolist()
+        weights2 = torch.randn(n_tokens, generator=gen, dtype=torch.float64).tolist()
+
+        # Semantics check: unpatched float32 transformers against the float64 golden values.
+        model32 = Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            lp32, _ = all_logprobs(model32, pairs, temperature)
+
+        with Float64Patches():
+            model64 = load_f64(out)
+            with torch.no_grad():
+                lps, ents = all_logprobs(model64, pairs, temperature)
+            diff = max((a.double() - b).abs().max().item() for a, b in zip(lp32, lps))
+            assert diff < 1e-5, f"float32 transformers differs from the float64 golden by {diff}"
+            model64.zero_grad()
+            weighted_backward(model64, pairs, weights, temperature)
+            grads = {n: p.grad.detach().clone() for n, p in model64.named_parameters()}
+            grad_norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+            save_file(grads, str(FIXTURES / f"{name}.grads.safetensors"), metadata={"format": "pt"})
+
+            # Two AdamW steps with clipping: the first step's norm is above the threshold.
+            max_norm = 0.5 * grad_norm
+            opt = torch.optim.AdamW(model64.parameters(), **ADAMW)
+            norms = []
+            for w in (weights, weights2):
+                opt.zero_grad()
+                weighted_backward(model64, pairs, w, temperature)
+                norms.append(float(torch.nn.utils.clip_grad_norm_(model64.parameters(), max_norm)))
+                opt.step()
+            final = {n: p.detach().clone() for n, p in model64.named_parameters()}
+            save_file(final, str(FIXTURES / f"{name}.adamw.safetensors"), metadata={"format": "pt"})
+
+        golden = {
+            "generator": f"scripts/golden_model.py (torch {torch.__version__}, transformers {transformers.__version__})",
+            "temperature": temperature,
+            "pairs": [{"prompt": p, "response": r} for p, r in pairs],
+            "weights": weights,
+            "logprobs": [lp.tolist() for lp in lps],
+            "entropy": [e.tolist() for e in ents],
+            "grad_norm": grad_norm,
+            "adamw": {
+                "lr": ADAMW["lr"],
+                "beta1": ADAMW["betas"][0],
+                "beta2": ADAMW["betas"][1],
+                "eps": ADAMW["eps"],
+                "weight_decay": ADAMW["weight_decay"],
+                "max_grad_norm": max_norm,
+                "weights_step2": weights2,
+                "grad_norms": norms,
+            },
+        }
+        (FIXTURES / f"{name}.golden.json").write_text(json.dumps(golden, indent=1) + "\n")
+        print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, grad norm {grad_norm:.6g}, "
+              f"float32 transformers vs float64 golden {diff:.2e}")
+
+
+def check_rust_save():
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, RLREPLAY_EXPORT_DIR=tmp)
+        subprocess.run(
+            ["cargo", "test", "-p", "rlreplay-model", "--test", "golden", "--", "hf_export", "--exact"],
+            cwd=ROOT, env=env, check=True,
+        )
+        worst = 0.0
+        for name in MODELS:
+            exported = Path(tmp) / name
+            rust = json.loads((exported / "rust_logprobs.json").read_text())
+            golden = json.loads((FIXTURES / f"{name}.golden.json").read_text())
+            pairs = [(p["prompt"], p["response"]) for p in golden["pairs"]]
+            model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32, attn_implementation="eager")
+            with torch.no_grad():
+                lps, _ = all_logprobs(model, pairs, golden["temperature"])
+            diff = max(
+                (lp.double() - torch.tensor(r, dtype=torch.float64)).abs().max().item()
+                for lp, r in zip(lps, rust["logprobs"])
+            )
+            moved = max(
+                abs(a - b) for lp, g in zip(rust["logprobs"], golden["logprobs"]) for a, b in zip(lp, g)
+            )
+            print(f"{name}: transformers on the Rust-saved checkpoint vs Rust: max |dlogp| = {diff:.2e} "
+                  f"(the AdamW step moved log-probs by up to {moved:.2e})")
+            worst = max(worst, diff)
+        if worst > 1e-4:
+            sys.exit(f"FAILED: transformers and Rust disagree by {worst}")
+        print("OK")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "generate":
+        generate()
+    elif cmd == "check-rust-save":
+        check_rust_save()
+    else:
+        sys.exit(__doc__)
