@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Forward+backward tokens/s of rlreplay's Qwen3 against PyTorch eager (transformers
+# Qwen3ForCausalLM) at the same thread count, on a tiny config and on a small config with Qwen3
+# proportions and the full 151,936-token vocabulary; then the peak RSS of log-probs of one
+# 4096-token response through a 151,936 x 2560 lm_head.
+#
+# Usage: bench/model.sh [THREADS] [ROUNDS]   (defaults 2 and 3; rounds are interleaved)
+# Needs .venv/torch (scripts/setup-venv.sh torch torch transformers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+THREADS=${1:-2}
+ROUNDS=${2:-3}
+PY=.venv/torch/bin/python
+export RAYON_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS
+BIN=$(cargo bench -p rlreplay-model --bench model --no-run --message-format=json 2>/dev/null \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+ratio() { # rlreplay-ms torch-ms
+  awk -v r="$1" -v t="$2" 'BEGIN { printf "%.2f", t / r }'
+}
+ms() { sed -n 's/.*fwd_bwd_ms=\([0-9.]*\).*/\1/p'; }
+fms() { sed -n 's/.* fwd_ms=\([0-9.]*\).*/\1/p'; }
+for cfg in tiny small; do
+  for round in $(seq "$ROUNDS"); do
+    r=$("$BIN" "$cfg"); echo "$r"
+    t=$("$PY" bench/model_torch.py "$cfg" "$THREADS"); echo "$t"
+    echo "ratio config=$cfg round=$round threads=$THREADS" \
+      "fwd_bwd_speedup_vs_torch=$(ratio "$(echo "$r" | ms)" "$(echo "$t" | ms)")" \
+      "fwd_speedup_vs_torch=$(ratio "$(echo "$r" | fms)" "$(echo "$t" | fms)")"
+  done
+done
+"$BIN" logprobs-rss

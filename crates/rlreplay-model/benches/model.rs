@@ -1,0 +1,139 @@
+//! Forward+backward speed of the Qwen3 model on the CPU, and the peak memory of long-response
+//! log-probs. Run through `bench/model.sh`, which also times PyTorch eager on the same shapes.
+//!
+//! `cargo bench -p rlreplay-model --bench model -- MODE [ITERS]`, MODE one of:
+//! - `tiny`: vocab 512, hidden 128, 2 layers, 4/2 heads of 32, MLP 384, 4 × 256 tokens;
+//! - `small`: Qwen3 proportions with the full 151,936 vocabulary: hidden 256, MLP 768, 2 layers,
+//!   4/2 heads of 128, tied embeddings, 4 × 256 tokens;
+//! - `logprobs-rss`: log-probs of one 4096-token response through a 151,936 × 2560 lm_head, then
+//!   the peak resident memory of the process.
+
+use candle_core::{DType, Device, Tensor};
+use rlreplay_model::{ops, Qwen3, Qwen3Config, SeqPair};
+use std::time::Instant;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Sequences per step and tokens per sequence.
+const BATCH: usize = 4;
+const SEQ_LEN: usize = 256;
+
+fn small_config() -> Qwen3Config {
+    Qwen3Config {
+        vocab_size: 151_936,
+        hidden_size: 256,
+        intermediate_size: 768,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 128,
+        ..Qwen3Config::tiny()
+    }
+}
+
+/// Deterministic token ids below `vocab`.
+fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Peak resident set size of this process in MiB (Linux `VmHWM`).
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+fn bench_model(name: &str, cfg: Qwen3Config, iters: usize) -> anyhow::Result<()> {
+    let vocab = cfg.vocab_size;
+    let mut model = Qwen3::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
+    let ids: Vec<Vec<u32>> = (0..BATCH)
+        .map(|b| token_ids(SEQ_LEN, vocab, b as u64))
+        .collect();
+    // Prompt = first token, response = the rest: every next-token position is scored, as in the
+    // PyTorch side.
+    let pairs: Vec<SeqPair<'_>> = ids.iter().map(|s| SeqPair::new(&s[..1], &s[1..])).collect();
+    let n_targets = BATCH * (SEQ_LEN - 1);
+    let grad = vec![1.0 / n_targets as f64; n_targets];
+    let mut fwd = Vec::new();
+    let mut fwd_bwd = Vec::new();
+    for i in 0..=iters {
+        let t0 = Instant::now();
+        model.logprobs(&pairs, 1.0, false)?;
+        let t1 = Instant::now();
+        model.zero_grad();
+        model.forward_backward(&pairs, &grad, 1.0)?;
+        let t2 = Instant::now();
+        if i > 0 {
+            fwd.push((t1 - t0).as_secs_f64() * 1e3);
+            fwd_bwd.push((t2 - t1).as_secs_f64() * 1e3);
+        }
+    }
+    let (f, fb) = (median(fwd), median(fwd_bwd));
+    println!(
+        "rlreplay config={name} threads={} tokens={} fwd_ms={f:.1} fwd_bwd_ms={fb:.1} \
+         fwd_bwd_tok_s={:.0} peak_rss_mib={:.0}",
+        rayon::current_num_threads(),
+        BATCH * SEQ_LEN,
+        (BATCH * SEQ_LEN) as f64 / fb * 1e3,
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn logprobs_rss() -> anyhow::Result<()> {
+    let (n, vocab, h) = (4096, 151_936, 2560);
+    let dev = Device::Cpu;
+    let hidden = Tensor::randn(0f32, 1.0, (n, h), &dev)?;
+    let lm_head = Tensor::randn(0f32, 0.02, (vocab, h), &dev)?;
+    let targets = token_ids(n, vocab, 7);
+    let inputs_mib = ((n + vocab) * h * 4) as f64 / (1 << 20) as f64;
+    let before = peak_rss_mib();
+    let t0 = Instant::now();
+    let (lp, ent) = ops::token_logprobs(&hidden, &lm_head, &targets, 1.0, true)?;
+    let mean_lp = lp.mean_all()?.to_scalar::<f32>()?;
+    let mean_ent = ent.map(|e| e.mean_all()?.to_scalar::<f32>()).transpose()?;
+    println!(
+        "rlreplay logprobs tokens={n} vocab={vocab} hidden={h} secs={:.1} mean_logp={mean_lp:.4} \
+         mean_entropy={:.4} inputs_mib={inputs_mib:.0} peak_rss_before_mib={before:.0} \
+         peak_rss_mib={:.0} full_logits_mib={:.0}",
+        t0.elapsed().as_secs_f64(),
+        mean_ent.unwrap_or(f32::NAN),
+        peak_rss_mib(),
+        (n * vocab * 4) as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    // `cargo bench` appends `--bench`; ignore flags.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let mode = args.first().map_or("tiny", String::as_str);
+    let iters = args.get(1).map(|s| s.parse()).transpose()?;
+    match mode {
+        "tiny" => bench_model("tiny", Qwen3Config::tiny(), iters.unwrap_or(5)),
+        "small" => bench_model("small", small_config(), iters.unwrap_or(2)),
+        "logprobs-rss" => logprobs_rss(),
+        other => anyhow::bail!("unknown mode {other:?} (tiny, small, logprobs-rss)"),
+    }
+}
