@@ -1,0 +1,379 @@
+//! The run directory: resolved config, per-step metrics (JSON lines and CSV), plots, and
+//! atomically written, rotated checkpoints.
+//!
+//! ```text
+//! RUN_DIR/config.toml
+//! RUN_DIR/metrics.jsonl
+//! RUN_DIR/training_scores.csv
+//! RUN_DIR/plots/training_score.{png,svg}
+//! RUN_DIR/checkpoints/global_step_N/
+//! RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
+//! ```
+//! A checkpoint is assembled in a temporary directory and renamed into place, then the
+//! `latest_checkpointed_iteration.txt` pointer is replaced atomically; older checkpoints are only
+//! removed after that. Killing the process at any moment leaves the last complete checkpoint intact.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// Name of the file inside a checkpoint that records the trainer state; written last.
+pub const TRAINER_STATE: &str = "trainer_state.json";
+/// Name of the pointer file to the newest complete checkpoint.
+pub const LATEST: &str = "latest_checkpointed_iteration.txt";
+/// Columns of `training_scores.csv`: `(header, metric key)`.
+pub const CSV_COLUMNS: &[(&str, &str)] = &[
+    ("score_mean", "critic/score/mean"),
+    ("loss", "actor/pg_loss"),
+    ("grad_norm", "actor/grad_norm"),
+    ("lr", "actor/lr"),
+    ("response_length_mean", "response_length/mean"),
+    ("rollout_corr_kl", "rollout_corr/kl"),
+    ("skipped_steps", "train/skipped_steps"),
+    ("tokens_per_s", "perf/throughput"),
+];
+
+/// One step's metrics: verl-style names to values.
+pub type Metrics = BTreeMap<String, f64>;
+
+/// Writes a file atomically: temporary file in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{}: not a file path", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    {
+        let mut f =
+            File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path).with_context(|| format!("cannot rename into {}", path.display()))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync directory {}", dir.display()))
+}
+
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            sync_tree(&entry.path())?;
+        } else {
+            File::open(entry.path())?.sync_all()?;
+        }
+    }
+    sync_dir(dir)
+}
+
+/// An open run directory.
+pub struct RunDir {
+    root: PathBuf,
+    metrics: File,
+    scores: File,
+}
+
+impl RunDir {
+    /// Creates (or reopens) the run directory. `resume_step` is the step of the checkpoint the run
+    /// continues from (0 for a fresh run): metric lines of later steps, left by an interrupted
+    /// run, are dropped so the files continue exactly where the checkpoint stands.
+    pub fn open(root: &Path, resume_step: u64) -> Result<Self> {
+        fs::create_dir_all(root.join("checkpoints"))
+            .with_context(|| format!("cannot create run directory {}", root.display()))?;
+        fs::create_dir_all(root.join("plots"))?;
+        let metrics_path = root.join("metrics.jsonl");
+        let scores_path = root.join("training_scores.csv");
+        truncate_lines(&metrics_path, resume_step, |line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+        })?;
+        truncate_lines(&scores_path, resume_step, |line| {
+            line.split(',').next().and_then(|s| s.parse::<u64>().ok())
+        })?;
+        let mut scores = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&scores_path)
+            .with_context(|| format!("cannot open {}", scores_path.display()))?;
+        if scores.metadata()?.len() == 0 {
+            let header: Vec<&str> = std::iter::once("step")
+                .chain(CSV_COLUMNS.iter().map(|c| c.0))
+                .collect();
+            writeln!(scores, "{}", header.join(","))?;
+        }
+        let metrics = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            metrics,
+            scores,
+        })
+    }
+
+    /// The run directory's path.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The checkpoints directory.
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// Appends one step to `metrics.jsonl` and `training_scores.csv`.
+    pub fn log_step(&mut self, step: u64, metrics: &Metrics) -> Result<()> {
+        let mut obj = serde_json::Map::new();
+        obj.insert("step".into(), step.into());
+        for (k, v) in metrics {
+            let v = serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into);
+            obj.insert(k.clone(), v);
+        }
+        writeln!(self.metrics, "{}", serde_json::Value::Object(obj))?;
+        let mut row = vec![step.to_string()];
+        row.extend(
+            CSV_COLUMNS
+                .iter()
+                .map(|(_, key)| metrics.get(*key).map_or(String::new(), |v| format!("{v}"))),
+        );
+        writeln!(self.scores, "{}", row.join(","))?;
+        self.metrics.flush()?;
+        self.scores.flush()?;
+        Ok(())
+    }
+
+    /// Reads back `(step, score mean, loss)` for every logged step, for the plots.
+    pub fn score_history(&self) -> Result<Vec<(u64, f64, f64)>> {
+        let path = self.root.join("training_scores.csv");
+        let text = fs::read_to_string(&path)?;
+        let mut out = Vec::new();
+        for line in text.lines().skip(1) {
+            let cells: Vec<&str> = line.split(',').collect();
+            let (Some(step), Some(score), Some(loss)) = (
+                cells.first().and_then(|s| s.parse().ok()),
+                cells.get(1).and_then(|s| s.parse().ok()),
+                cells.get(2).and_then(|s| s.parse().ok()),
+            ) else {
+                continue;
+            };
+            out.push((step, score, loss));
+        }
+        Ok(out)
+    }
+
+    /// Redraws `plots/training_score.{png,svg}` from `training_scores.csv`.
+    pub fn plot(&self) -> Result<()> {
+        let history = self.score_history()?;
+        crate::plot::training_score(&history, &self.root.join("plots"))
+    }
+
+    /// Writes checkpoint `step`: `fill` populates a fresh temporary directory, which is then
+    /// synced and renamed to `global_step_N`, the pointer file is replaced, and all but the newest
+    /// `keep` checkpoints (0 = all) are removed.
+    pub fn save_checkpoint(
+        &self,
+        step: u64,
+        keep: usize,
+        fill: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<PathBuf> {
+        let ckpts = self.checkpoints();
+        let tmp = ckpts.join(format!(".tmp-global_step_{step}-{}", std::process::id()));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp)?;
+        }
+        fs::create_dir_all(&tmp)?;
+        if let Err(e) = fill(&tmp) {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e.context(format!("writing checkpoint of step {step}")));
+        }
+        if !tmp.join(TRAINER_STATE).is_file() {
+            bail!("checkpoint of step {step} lacks {TRAINER_STATE}");
+        }
+        sync_tree(&tmp)?;
+        let dest = ckpts.join(format!("global_step_{step}"));
+        if dest.exists() {
+            fs::remove_dir_all(&dest)?;
+        }
+        fs::rename(&tmp, &dest)?;
+        sync_dir(&ckpts)?;
+        write_atomic(&ckpts.join(LATEST), format!("{step}\n").as_bytes())?;
+        if keep > 0 {
+            let steps = complete_checkpoints(&ckpts)?;
+            for old in steps.iter().rev().skip(keep) {
+                fs::remove_dir_all(ckpts.join(format!("global_step_{old}")))?;
+            }
+        }
+        Ok(dest)
+    }
+}
+
+/// Steps of the complete checkpoints under `ckpts`, ascending.
+pub fn complete_checkpoints(ckpts: &Path) -> Result<Vec<u64>> {
+    let mut steps = Vec::new();
+    if !ckpts.is_dir() {
+        return Ok(steps);
+    }
+    for entry in fs::read_dir(ckpts)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(n) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("global_step_"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if entry.path().join(TRAINER_STATE).is_file() {
+            steps.push(n);
+        }
+    }
+    steps.sort_unstable();
+    Ok(steps)
+}
+
+/// The newest complete checkpoint of a run: the pointer file's step when that checkpoint is
+/// complete, otherwise the highest complete `global_step_N`. Leftover temporary directories of
+/// an interrupted save are removed.
+pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+    let ckpts = run_dir.join("checkpoints");
+    if !ckpts.is_dir() {
+        return Ok(None);
+    }
+    // Everything whose name starts with a dot is a leftover of an interrupted save.
+    for entry in fs::read_dir(&ckpts)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            if entry.file_type()?.is_dir() {
+                fs::remove_dir_all(entry.path())?;
+            } else {
+                fs::remove_file(entry.path())?;
+            }
+        }
+    }
+    let complete = complete_checkpoints(&ckpts)?;
+    let pointed = fs::read_to_string(ckpts.join(LATEST))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|s| complete.contains(s));
+    Ok(pointed
+        .or_else(|| complete.last().copied())
+        .map(|s| (s, ckpts.join(format!("global_step_{s}")))))
+}
+
+/// Keeps the lines of `path` whose step (as extracted by `step_of`) is at most `max_step`, plus
+/// lines without a step (headers); drops the rest, including a torn last line.
+fn truncate_lines(path: &Path, max_step: u64, step_of: impl Fn(&str) -> Option<u64>) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut kept = String::new();
+    let mut changed = false;
+    for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
+        let line = line?;
+        let Ok(line) = String::from_utf8(line) else {
+            changed = true;
+            continue;
+        };
+        match step_of(&line) {
+            Some(s) if s <= max_step => kept.push_str(&line),
+            None if i == 0 && !line.is_empty() && !line.starts_with('{') => kept.push_str(&line),
+            _ => {
+                changed = true;
+                continue;
+            }
+        }
+        kept.push('\n');
+    }
+    if changed {
+        write_atomic(path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(v: f64) -> Metrics {
+        [
+            ("critic/score/mean".to_string(), v),
+            ("actor/pg_loss".to_string(), -v),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    fn state(dir: &Path) -> Result<()> {
+        fs::write(dir.join(TRAINER_STATE), "{}")?;
+        Ok(())
+    }
+
+    #[test]
+    fn logs_and_truncates_on_resume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut rd = RunDir::open(tmp.path(), 0).unwrap();
+        for s in 1..=4 {
+            rd.log_step(s, &metrics(s as f64 / 10.0)).unwrap();
+        }
+        drop(rd);
+        // A torn final line, as a kill in the middle of a write leaves it.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join("metrics.jsonl"))
+            .unwrap();
+        write!(f, "{{\"step\": 5, \"critic").unwrap();
+        drop(f);
+        let rd = RunDir::open(tmp.path(), 2).unwrap();
+        let h = rd.score_history().unwrap();
+        assert_eq!(h, vec![(1, 0.1, -0.1), (2, 0.2, -0.2)]);
+        let m = fs::read_to_string(tmp.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(m.lines().count(), 2);
+        let csv = fs::read_to_string(tmp.path().join("training_scores.csv")).unwrap();
+        assert!(csv.starts_with("step,score_mean,loss,grad_norm"));
+        rd.plot().unwrap();
+        assert!(tmp.path().join("plots/training_score.png").is_file());
+        assert!(tmp.path().join("plots/training_score.svg").is_file());
+    }
+
+    #[test]
+    fn checkpoints_rotate_and_survive_interrupted_saves() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = RunDir::open(tmp.path(), 0).unwrap();
+        for s in [2, 4, 6] {
+            rd.save_checkpoint(s, 2, state).unwrap();
+        }
+        assert_eq!(complete_checkpoints(&rd.checkpoints()).unwrap(), vec![4, 6]);
+        assert_eq!(latest_checkpoint(tmp.path()).unwrap().unwrap().0, 6);
+        // A save that fails half-way leaves the previous checkpoint the latest.
+        let e = rd.save_checkpoint(8, 2, |d| {
+            fs::write(d.join("model.safetensors"), b"partial")?;
+            bail!("disk full")
+        });
+        assert!(e.is_err());
+        assert_eq!(latest_checkpoint(tmp.path()).unwrap().unwrap().0, 6);
+        // A pointer to a removed checkpoint falls back to the newest complete one.
+        fs::write(rd.checkpoints().join(LATEST), "99\n").unwrap();
+        assert_eq!(latest_checkpoint(tmp.path()).unwrap().unwrap().0, 6);
+        assert!(!fs::read_dir(rd.checkpoints()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')));
+    }
+}

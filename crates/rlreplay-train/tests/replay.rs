@@ -1,0 +1,303 @@
+//! End-to-end replays on small synthetic datasets with a tiny random Qwen3: determinism, resume,
+//! learning signal, skipped non-finite updates, schedules.
+
+use std::path::{Path, PathBuf};
+
+use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
+use rlreplay_model::{DType, Device, Qwen3, SeqPair};
+use rlreplay_train::rundir::latest_checkpoint;
+use rlreplay_train::{run, ReplayConfig, RunOptions};
+
+const EOS: u32 = 1;
+
+fn synth(steps: usize) -> SynthConfig {
+    SynthConfig {
+        steps,
+        first_step: 1,
+        prompts: 8,
+        group: 4,
+        vocab: 64,
+        mean_len: 12.0,
+        max_len: 24,
+        prompt_len: 6,
+        eos: EOS,
+        pattern_len: 3,
+        seed: 7,
+    }
+}
+
+fn dataset(dir: &Path, steps: usize) -> PathBuf {
+    let out = dir.join("data");
+    write_dataset(&out, &synth(steps), |_| {}).unwrap();
+    out
+}
+
+fn config(data: &Path, extra: &str) -> ReplayConfig {
+    let text = format!(
+        r#"
+[model.random]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 8
+seed = 3
+
+[data]
+path = "{}"
+eos_token_id = {EOS}
+
+[algorithm]
+adv_estimator = "maxrl"
+loss_mode = "reinforce"
+
+[optim]
+lr = 1e-2
+grad_clip = 1.0
+
+[batch]
+ppo_mini_batch_size = 4
+max_tokens_per_micro_batch = 200
+{extra}
+"#,
+        data.display()
+    );
+    ReplayConfig::parse(&text, &[]).unwrap()
+}
+
+fn opts(config: ReplayConfig, out: &Path) -> RunOptions {
+    RunOptions {
+        config,
+        out: out.to_path_buf(),
+        resume: false,
+        stop_after: None,
+        progress: false,
+    }
+}
+
+/// Metric lines without the timing-dependent `perf/*` values.
+fn metrics_without_perf(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("perf/"));
+            v
+        })
+        .collect()
+}
+
+fn final_weights(run: &Path) -> Vec<u8> {
+    let (_, dir) = latest_checkpoint(run).unwrap().unwrap();
+    std::fs::read(dir.join("model.safetensors")).unwrap()
+}
+
+#[test]
+fn same_inputs_give_identical_metrics_and_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 2);
+    let cfg = config(&data, "[schedule]\nmode = \"shuffle\"\nsubsample = 3\n");
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    run(&opts(cfg.clone(), &a)).unwrap();
+    run(&opts(cfg, &b)).unwrap();
+    let ma = metrics_without_perf(&a);
+    assert_eq!(ma.len(), 2);
+    assert_eq!(ma, metrics_without_perf(&b));
+    assert_eq!(final_weights(&a), final_weights(&b));
+    for key in [
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/lr",
+        "critic/score/mean",
+        "critic/advantages/mean",
+        "response_length/clip_ratio",
+        "rollout_corr/kl",
+        "rollout_corr/chi2_token",
+        "actor/ppo_kl",
+    ] {
+        assert!(
+            ma[0].get(key).is_some_and(|v| v.is_number()),
+            "missing {key}: {}",
+            ma[0]
+        );
+    }
+    assert_eq!(ma[0]["schedule/rows"], 24.0);
+    for f in [
+        "config.toml",
+        "training_scores.csv",
+        "plots/training_score.png",
+        "plots/training_score.svg",
+        "checkpoints/latest_checkpointed_iteration.txt",
+        "checkpoints/global_step_2/config.json",
+        "checkpoints/global_step_2/optimizer.safetensors",
+        "checkpoints/global_step_2/trainer_state.json",
+    ] {
+        assert!(a.join(f).is_file(), "{f}");
+    }
+    // The saved configuration reproduces the run's.
+    let saved = ReplayConfig::load(&a.join("config.toml"), &[]).unwrap();
+    assert_eq!(
+        saved,
+        config(&data, "[schedule]\nmode = \"shuffle\"\nsubsample = 3\n")
+    );
+}
+
+#[test]
+fn resume_is_bit_identical_to_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 4);
+    let cfg = config(
+        &data,
+        "[checkpoint]\nsave_freq = 1\nkeep = 2\n[schedule]\nmode = \"shuffle\"\nepochs = 2\n",
+    );
+    let full = tmp.path().join("full");
+    run(&opts(cfg.clone(), &full)).unwrap();
+
+    let part = tmp.path().join("part");
+    let mut o = opts(cfg, &part);
+    o.stop_after = Some(3);
+    let s = run(&o).unwrap();
+    assert_eq!(s.global_step, 3);
+    o.stop_after = None;
+    o.resume = true;
+    let s = run(&o).unwrap();
+    assert_eq!(s.global_step, 8);
+    assert_eq!(metrics_without_perf(&full), metrics_without_perf(&part));
+    assert_eq!(final_weights(&full), final_weights(&part));
+    // The optimizer moments and step counts are identical too.
+    let opt = |r: &Path| {
+        let t = candle_core::safetensors::load(
+            r.join("checkpoints/global_step_8/optimizer.safetensors"),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mut v: Vec<(String, Vec<f32>)> = t
+            .into_iter()
+            .map(|(k, t)| (k, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(opt(&full), opt(&part));
+    // keep = 2 bounds the checkpoints.
+    let n = std::fs::read_dir(full.join("checkpoints"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("global_step_")
+        })
+        .count();
+    assert_eq!(n, 2);
+    // A fresh start into a directory holding a run is refused.
+    assert!(run(&opts(config(&data, ""), &full)).is_err());
+}
+
+/// Mean per-token log-prob of the successful minus the failed responses of one step.
+fn success_gap(model: &Qwen3, step: i64) -> f64 {
+    let b = generate(&synth(6), step).unwrap();
+    let pairs: Vec<SeqPair<'_>> = (0..b.len())
+        .map(|i| SeqPair::new(b.prompt(i), b.response(i)))
+        .collect();
+    let lp = model.logprobs(&pairs, 1.0, false).unwrap().logprobs;
+    let mean = |win: bool| {
+        let rows: Vec<&Vec<f64>> = (0..b.len())
+            .filter(|&i| (b.scores[i] >= 0.5) == win)
+            .map(|i| &lp[i])
+            .collect();
+        let n: usize = rows.iter().map(|r| r.len()).sum();
+        rows.iter().flat_map(|r| r.iter()).sum::<f64>() / n as f64
+    };
+    mean(true) - mean(false)
+}
+
+#[test]
+fn replay_raises_held_out_successes_over_failures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 5);
+    let cfg = config(&data, "");
+    let out = tmp.path().join("run");
+    run(&opts(cfg, &out)).unwrap();
+    let before = Qwen3::new_random(
+        config(&data, "").model.random.unwrap().to_config(),
+        3,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let (_, dir) = latest_checkpoint(&out).unwrap().unwrap();
+    let after = Qwen3::load(&dir, DType::F32, &Device::Cpu).unwrap();
+    // Step 6 was never trained on: held-out prompts and responses.
+    let (g0, g1) = (success_gap(&before, 6), success_gap(&after, 6));
+    assert!(g1 > g0 + 0.25, "gap before {g0}, after {g1}");
+}
+
+#[test]
+fn non_finite_updates_are_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 3);
+    let mut cfg = config(&data, "");
+    // A learning rate this large overflows the weights after the first update: every later
+    // forward pass is non-finite, so those updates are skipped and never reach the weights.
+    cfg.optim.lr = 1e38;
+    cfg.optim.weight_decay = 0.0;
+    cfg.checkpoint.save_freq = 1;
+    cfg.checkpoint.keep = 0;
+    let out = tmp.path().join("run");
+    let s = run(&opts(cfg, &out)).unwrap();
+    assert_eq!(s.global_step, 3);
+    assert!(s.skipped_updates >= 2, "{}", s.skipped_updates);
+    let w = |step: u64| {
+        std::fs::read(out.join(format!("checkpoints/global_step_{step}/model.safetensors")))
+            .unwrap()
+    };
+    assert_eq!(w(2), w(3));
+    let m = metrics_without_perf(&out);
+    assert_eq!(m[2]["train/skipped_updates"], 2.0);
+}
+
+#[test]
+fn schedules_pick_the_planned_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 4);
+    let source = |extra: &str, name: &str| -> Vec<serde_json::Value> {
+        let out = tmp.path().join(name);
+        let mut cfg = config(&data, extra);
+        cfg.optim.lr = 1e-4;
+        run(&opts(cfg, &out)).unwrap();
+        metrics_without_perf(&out)
+    };
+    let m = source(
+        "[schedule]\nmode = \"lag\"\nlag = 2\ndrop_solve_none = true\ndrop_solve_all = true\ndrop_truncated = true\n",
+        "lag",
+    );
+    let src: Vec<f64> = m
+        .iter()
+        .map(|x| x["train/source_step"].as_f64().unwrap())
+        .collect();
+    assert_eq!(src, [1.0, 2.0]);
+    for x in &m {
+        let kept = x["schedule/groups"].as_f64().unwrap();
+        let dropped = x["schedule/dropped_solve_none"].as_f64().unwrap()
+            + x["schedule/dropped_solve_all"].as_f64().unwrap();
+        assert_eq!(kept + dropped, 8.0);
+        assert_eq!(x["response_length/clip_ratio"], 0.0);
+    }
+    let m = source(
+        "[schedule]\nmode = \"mix\"\nmix = [{steps = \"1..2\", weight = 1.0}, {steps = \"4..4\", weight = 3.0}]\nsubsample = 2\n",
+        "mix",
+    );
+    assert_eq!(m.len(), 3);
+    for x in &m {
+        assert!([1.0, 2.0, 4.0].contains(&x["train/source_step"].as_f64().unwrap()));
+        assert_eq!(x["schedule/rows"], 16.0);
+    }
+}
