@@ -392,6 +392,18 @@ impl Qwen3 {
     }
 }
 
+impl std::fmt::Debug for Qwen3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen3")
+            .field("config", &self.cfg)
+            .field("compute_dtype", &self.compute_dtype)
+            .field("device", &self.device)
+            .field("params", &self.params.len())
+            .field("source_dir", &self.source_dir)
+            .finish()
+    }
+}
+
 fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.to_vec1::<f64>()?)
 }

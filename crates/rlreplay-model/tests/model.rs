@@ -1,0 +1,473 @@
+//! Model behaviour on random tiny configurations: gradients reach every parameter, finite
+//! differences, packing, micro-batch accumulation, checkpoints and optimizer state.
+
+use candle_core::{Tensor, Var};
+use rlreplay_model::{AdamW, AdamWConfig, DType, Device, Qwen3, Qwen3Config, SaveOptions, SeqPair};
+
+/// A very small configuration for finite differences: GQA 4:2, head_dim != hidden/heads.
+fn micro(tied: bool) -> Qwen3Config {
+    Qwen3Config {
+        vocab_size: 40,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        tie_word_embeddings: tied,
+        max_position_embeddings: 64,
+        ..Qwen3Config::tiny()
+    }
+}
+
+/// Deterministic pseudo-random token ids below `vocab`.
+fn ids(seed: u32, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed.wrapping_mul(2_654_435_761).wrapping_add(i * 40_503) >> 7) % vocab as u32)
+        .collect()
+}
+
+fn batch(vocab: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
+    vec![
+        (ids(1, 4, vocab), ids(2, 5, vocab)),
+        (ids(3, 2, vocab), ids(4, 1, vocab)),
+        (ids(5, 6, vocab), ids(6, 3, vocab)),
+    ]
+}
+
+fn as_pairs(b: &[(Vec<u32>, Vec<u32>)]) -> Vec<SeqPair<'_>> {
+    b.iter().map(|(p, r)| SeqPair::new(p, r)).collect()
+}
+
+fn weights(n: usize) -> Vec<f64> {
+    (0..n).map(|i| ((i * 7 % 11) as f64 - 5.0) / 5.0).collect()
+}
+
+fn flat(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// A random model whose norm weights are also perturbed, so that their gradients are generic.
+fn random_model(cfg: Qwen3Config, dtype: DType) -> Qwen3 {
+    let model = Qwen3::new_random(cfg, 7, dtype, &Device::Cpu).unwrap();
+    for (i, p) in model.params().iter().enumerate() {
+        if p.var.rank() == 1 {
+            let n = p.var.elem_count();
+            let v: Vec<f64> = (0..n)
+                .map(|j| 1.0 + 0.1 * (((i + j) % 5) as f64 - 2.0))
+                .collect();
+            let t = Tensor::from_vec(v, n, &Device::Cpu).unwrap();
+            p.var.set(&t.to_dtype(p.var.dtype()).unwrap()).unwrap();
+        }
+    }
+    model
+}
+
+#[test]
+fn every_parameter_gets_a_nonzero_gradient() {
+    for tied in [true, false] {
+        let b = batch(40);
+        let mut model = random_model(micro(tied), DType::F32);
+        let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+        model
+            .forward_backward(&as_pairs(&b), &weights(n), 1.0)
+            .unwrap();
+        for (p, g) in model.params().iter().zip(model.grads()) {
+            let g = g
+                .as_ref()
+                .unwrap_or_else(|| panic!("{} has no gradient", p.name));
+            assert_eq!(g.dtype(), DType::F32, "{}", p.name);
+            let max = flat(g).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            assert!(
+                max > 0.0,
+                "{} (tied={tied}) has an all-zero gradient",
+                p.name
+            );
+        }
+        assert!(model.grad_norm().unwrap() > 0.0);
+        model.zero_grad();
+        assert!(model.grads().iter().all(Option::is_none));
+        assert_eq!(model.grad_norm().unwrap(), 0.0);
+    }
+}
+
+#[test]
+fn f64_gradients_match_finite_differences() {
+    for tied in [true, false] {
+        let b = batch(40);
+        let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+        let w = weights(n);
+        let mut model = random_model(micro(tied), DType::F64);
+        let temperature = 0.8;
+        model
+            .forward_backward(&as_pairs(&b), &w, temperature)
+            .unwrap();
+        let objective = |m: &Qwen3| -> f64 {
+            let lp = m.logprobs(&as_pairs(&b), temperature, false).unwrap();
+            lp.logprobs
+                .iter()
+                .flatten()
+                .zip(&w)
+                .map(|(l, g)| l * g)
+                .sum()
+        };
+        let h = 1e-5;
+        let mut worst = 0.0f64;
+        let grads: Vec<Vec<f64>> = model
+            .grads()
+            .iter()
+            .map(|g| flat(g.as_ref().unwrap()))
+            .collect();
+        for (pi, p) in model.params().iter().enumerate() {
+            let base = flat(p.var.as_tensor());
+            let g = &grads[pi];
+            let largest = (0..g.len())
+                .max_by(|&a, &b| g[a].abs().total_cmp(&g[b].abs()))
+                .unwrap();
+            for idx in [largest, (pi * 31 + 5) % g.len()] {
+                let set = |delta: f64| {
+                    let mut v = base.clone();
+                    v[idx] += delta;
+                    let t = Tensor::from_vec(v, p.var.shape(), &Device::Cpu).unwrap();
+                    p.var.set(&t).unwrap();
+                };
+                set(h);
+                let plus = objective(&model);
+                set(-h);
+                let minus = objective(&model);
+                set(0.0);
+                let numeric = (plus - minus) / (2.0 * h);
+                let err = (numeric - g[idx]).abs() / g[idx].abs().max(1e-3);
+                worst = worst.max(err);
+                assert!(
+                    err < 1e-5,
+                    "{} [{idx}] (tied={tied}): analytic {} vs numeric {numeric}",
+                    p.name,
+                    g[idx]
+                );
+            }
+        }
+        eprintln!("tied={tied}: worst finite-difference relative error {worst:e}");
+    }
+}
+
+#[test]
+fn packed_batch_equals_each_sequence_alone() {
+    let b = batch(512);
+    let mut model = random_model(Qwen3Config::tiny(), DType::F64);
+    let packed = model.logprobs(&as_pairs(&b), 1.0, true).unwrap();
+    for (i, (p, r)) in b.iter().enumerate() {
+        let alone = model.logprobs(&[SeqPair::new(p, r)], 1.0, true).unwrap();
+        for (x, y) in packed.logprobs[i].iter().zip(&alone.logprobs[0]) {
+            assert!((x - y).abs() < 1e-12, "pair {i}: {x} vs {y}");
+        }
+        let (pe, ae) = (packed.entropy.as_ref().unwrap(), alone.entropy.unwrap());
+        for (x, y) in pe[i].iter().zip(&ae[0]) {
+            assert!((x - y).abs() < 1e-12, "pair {i} entropy: {x} vs {y}");
+        }
+    }
+    // Gradients accumulated over micro-batches equal those of one packed batch.
+    let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+    let w = weights(n);
+    model.forward_backward(&as_pairs(&b), &w, 1.0).unwrap();
+    let whole: Vec<Vec<f64>> = model
+        .grads()
+        .iter()
+        .map(|g| flat(g.as_ref().unwrap()))
+        .collect();
+    model.zero_grad();
+    let split = b[0].1.len();
+    model
+        .forward_backward(&as_pairs(&b[..1]), &w[..split], 1.0)
+        .unwrap();
+    model
+        .forward_backward(&as_pairs(&b[1..]), &w[split..], 1.0)
+        .unwrap();
+    for ((p, g), want) in model.params().iter().zip(model.grads()).zip(&whole) {
+        let got = flat(g.as_ref().unwrap());
+        let diff = got
+            .iter()
+            .zip(want)
+            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            diff < 1e-12,
+            "{}: micro-batch accumulation off by {diff:e}",
+            p.name
+        );
+    }
+}
+
+#[test]
+fn empty_responses_and_bad_inputs() {
+    let mut model = random_model(micro(true), DType::F32);
+    let out = model
+        .logprobs(&[SeqPair::new(&[1, 2], &[])], 1.0, false)
+        .unwrap();
+    assert_eq!(out.logprobs, vec![Vec::<f64>::new()]);
+    let lp = model
+        .forward_backward(&[SeqPair::new(&[1], &[])], &[], 1.0)
+        .unwrap();
+    assert_eq!(lp, vec![Vec::<f64>::new()]);
+    let e = model
+        .forward_backward(&[SeqPair::new(&[1], &[2, 3])], &[1.0], 1.0)
+        .unwrap_err();
+    assert!(e.to_string().contains("1 log-prob gradients for 2"), "{e}");
+    let e = model
+        .forward_backward(&[SeqPair::new(&[1], &[2])], &[f64::NAN], 1.0)
+        .unwrap_err();
+    assert!(e.to_string().contains("not finite"), "{e}");
+    let e = model
+        .logprobs(&[SeqPair::new(&[1], &[400])], 1.0, false)
+        .unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    assert!(model
+        .logprobs(&[SeqPair::new(&[1], &[2])], 0.0, false)
+        .is_err());
+}
+
+#[test]
+fn random_init_is_deterministic() {
+    let a = Qwen3::new_random(micro(false), 3, DType::F32, &Device::Cpu).unwrap();
+    let b = Qwen3::new_random(micro(false), 3, DType::F32, &Device::Cpu).unwrap();
+    let c = Qwen3::new_random(micro(false), 4, DType::F32, &Device::Cpu).unwrap();
+    let emb = |m: &Qwen3| flat(m.params()[0].var.as_tensor());
+    assert_eq!(emb(&a), emb(&b));
+    assert_ne!(emb(&a), emb(&c));
+}
+
+#[test]
+fn bf16_compute_keeps_f32_masters_and_tracks_f32() {
+    let b = batch(512);
+    let f32_model = random_model(Qwen3Config::tiny(), DType::F32);
+    let mut bf16_model = random_model(Qwen3Config::tiny(), DType::BF16);
+    assert_eq!(bf16_model.master_dtype(), DType::F32);
+    let want = f32_model.logprobs(&as_pairs(&b), 1.0, false).unwrap();
+    let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+    let got = bf16_model
+        .forward_backward(&as_pairs(&b), &weights(n), 1.0)
+        .unwrap();
+    let diff = got
+        .iter()
+        .flatten()
+        .zip(want.logprobs.iter().flatten())
+        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 0.05, "bf16 log-probs differ from f32 by {diff}");
+    assert!(bf16_model
+        .grads()
+        .iter()
+        .all(|g| g.as_ref().unwrap().dtype() == DType::F32));
+}
+
+fn bits(m: &Qwen3) -> Vec<Vec<u64>> {
+    m.params()
+        .iter()
+        .map(|p| {
+            flat(p.var.as_tensor())
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn save_and_reload_bit_identical_single_and_sharded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = random_model(micro(false), DType::F32);
+    let single = tmp.path().join("single");
+    model.save_hf(&single).unwrap();
+    assert!(single.join("model.safetensors").exists());
+    assert!(single.join("generation_config.json").exists());
+    let reloaded = Qwen3::load(&single, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(bits(&model), bits(&reloaded));
+    assert_eq!(reloaded.config().torch_dtype.as_deref(), Some("float32"));
+
+    // Sharded, then saved again over the same directory (atomic replacement).
+    let sharded = tmp.path().join("sharded");
+    let opts = SaveOptions {
+        dtype: None,
+        max_shard_bytes: 4096,
+    };
+    model.save_hf_with(&sharded, &opts).unwrap();
+    model.save_hf_with(&sharded, &opts).unwrap();
+    assert!(sharded.join("model.safetensors.index.json").exists());
+    assert!(!sharded.join("model.safetensors").exists());
+    let shards = std::fs::read_dir(&sharded)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("model-")
+        })
+        .count();
+    assert!(shards > 2, "{shards} shards");
+    let reloaded = Qwen3::load(&sharded, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(bits(&model), bits(&reloaded));
+    let leftovers = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with('.')
+        })
+        .count();
+    assert_eq!(leftovers, 0);
+
+    // bf16 storage: loads back as the bf16-rounded weights; tokenizer files follow the model.
+    std::fs::write(single.join("tokenizer.json"), "{}").unwrap();
+    let from_dir = Qwen3::load(&single, DType::F32, &Device::Cpu).unwrap();
+    let half = tmp.path().join("half");
+    let opts = SaveOptions {
+        dtype: Some(DType::BF16),
+        ..SaveOptions::default()
+    };
+    from_dir.save_hf_with(&half, &opts).unwrap();
+    assert!(half.join("tokenizer.json").exists());
+    let reloaded = Qwen3::load(&half, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(reloaded.config().torch_dtype.as_deref(), Some("bfloat16"));
+    let a = flat(
+        &model.params()[1]
+            .var
+            .as_tensor()
+            .to_dtype(DType::BF16)
+            .unwrap(),
+    );
+    assert_eq!(a, flat(reloaded.params()[1].var.as_tensor()));
+}
+
+#[test]
+fn loading_names_missing_extra_and_misshaped_tensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = random_model(micro(false), DType::F32);
+    let dir = tmp.path().join("m");
+    model.save_hf(&dir).unwrap();
+    let file = dir.join("model.safetensors");
+    let original = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    let err_with = |edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| {
+        let mut t = original.clone();
+        edit(&mut t);
+        candle_core::safetensors::save(&t, &file).unwrap();
+        match Qwen3::load(&dir, DType::F32, &Device::Cpu) {
+            Ok(_) => String::from("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = err_with(&|t| {
+        t.remove("model.layers.1.mlp.up_proj.weight");
+    });
+    assert!(
+        e.contains("model.layers.1.mlp.up_proj.weight is missing"),
+        "{e}"
+    );
+    let e = err_with(&|t| {
+        t.insert(
+            "model.extra.weight".into(),
+            Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+        );
+    });
+    assert!(e.contains("unexpected tensor model.extra.weight"), "{e}");
+    let e = err_with(&|t| {
+        t.insert(
+            "model.norm.weight".into(),
+            Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+        );
+    });
+    assert!(
+        e.contains("model.norm.weight has shape [3], expected [16]"),
+        "{e}"
+    );
+    let e = err_with(&|t| {
+        let w = Tensor::zeros(16, DType::U8, &Device::Cpu).unwrap();
+        t.insert("model.norm.weight".into(), w);
+    });
+    assert!(e.contains("model.norm.weight has dtype"), "{e}");
+
+    // An index may not point outside the model directory.
+    std::fs::remove_file(&file).unwrap();
+    let index = serde_json::json!({"weight_map": {"model.norm.weight": "../outside.safetensors"}});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a file inside the model directory"), "{e}");
+    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("neither model.safetensors"), "{e}");
+}
+
+#[test]
+fn optimizer_state_round_trips_and_skips_non_finite_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = batch(40);
+    let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+    let mut model = random_model(micro(true), DType::F32);
+    let mut opt = AdamW::new(&model, AdamWConfig::default());
+    model
+        .forward_backward(&as_pairs(&b), &weights(n), 1.0)
+        .unwrap();
+    let report = opt.step(&mut model, 1e-3).unwrap();
+    assert!(!report.skipped && report.grad_norm > 0.0);
+    assert!(model.grads().iter().all(Option::is_none));
+
+    let path = tmp.path().join("optim.safetensors");
+    opt.save(&path).unwrap();
+    let mut restored = AdamW::load(&path, &model).unwrap();
+    assert_eq!(restored.steps(), 1);
+    assert_eq!(restored.config(), opt.config());
+    // The same next step from the saved and the live state gives bit-identical weights.
+    let mut twin = Qwen3::load(
+        {
+            let d = tmp.path().join("twin");
+            model.save_hf(&d).unwrap();
+            d
+        },
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    for m in [&mut model, &mut twin] {
+        m.forward_backward(&as_pairs(&b), &weights(n), 1.0).unwrap();
+    }
+    opt.step(&mut model, 1e-3).unwrap();
+    restored.step(&mut twin, 1e-3).unwrap();
+    assert_eq!(bits(&model), bits(&twin));
+
+    // A non-finite gradient norm skips the update and clears the gradients.
+    let before = bits(&model);
+    model
+        .forward_backward(&as_pairs(&b), &weights(n), 1.0)
+        .unwrap();
+    let g = model.grads()[0].as_ref().unwrap();
+    let nan = Var::from_tensor(&(g * f64::NAN).unwrap()).unwrap();
+    model.grads_mut()[0] = Some(nan.as_tensor().clone());
+    let report = opt.step(&mut model, 1e-3).unwrap();
+    assert!(report.skipped && !report.grad_norm.is_finite());
+    assert_eq!(bits(&model), before);
+    assert!(model.grads().iter().all(Option::is_none));
+    assert_eq!(opt.steps(), 2);
+
+    // State for another model is refused, naming the problem.
+    let other = random_model(
+        Qwen3Config {
+            intermediate_size: 20,
+            ..micro(true)
+        },
+        DType::F32,
+    );
+    let e = AdamW::load(&path, &other).unwrap_err().to_string();
+    assert!(
+        e.contains("optim.safetensors") && e.contains("mlp.gate_proj.weight"),
+        "{e}"
+    );
+}
