@@ -1,12 +1,75 @@
 //! `rlreplay synth`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use rlreplay_data::synth::{write_dataset, SynthConfig};
+use rlreplay_data::DEFAULT_EOS;
 
 /// Arguments of `rlreplay synth`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Output dataset directory (shards go to OUT/data/step-NNNN.parquet).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Number of steps (shards).
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    /// First step number.
+    #[arg(long, default_value_t = 1)]
+    pub first_step: i64,
+    /// Prompt groups per step.
+    #[arg(long, default_value_t = 256)]
+    pub prompts: usize,
+    /// Rollouts per prompt.
+    #[arg(long, default_value_t = 16)]
+    pub group: usize,
+    /// Token ids are drawn below this.
+    #[arg(long, default_value_t = 151_936)]
+    pub vocab: u32,
+    /// Mean response length (lognormal).
+    #[arg(long, default_value_t = 1400.0)]
+    pub mean_len: f64,
+    /// Maximum response length; longer responses are truncated without EOS.
+    #[arg(long, default_value_t = 4096)]
+    pub max_len: usize,
+    /// Mean prompt length.
+    #[arg(long, default_value_t = 150)]
+    pub prompt_len: usize,
+    /// End-of-sequence id.
+    #[arg(long, default_value_t = DEFAULT_EOS)]
+    pub eos: u32,
+    /// Successful responses start with a fixed pattern of this many tokens (learnable data).
+    #[arg(long, default_value_t = 0)]
+    pub pattern_len: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
 
 /// Runs `rlreplay synth`.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`rlreplay synth` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = SynthConfig {
+        steps: args.steps,
+        first_step: args.first_step,
+        prompts: args.prompts,
+        group: args.group,
+        vocab: args.vocab,
+        mean_len: args.mean_len,
+        max_len: args.max_len,
+        prompt_len: args.prompt_len,
+        eos: args.eos,
+        pattern_len: args.pattern_len,
+        seed: args.seed,
+    };
+    let bar = super::audit::progress(cfg.steps, "synth");
+    let files = write_dataset(&args.out, &cfg, |_| bar.inc(1))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {} shard(s) of {} rows to {}",
+        files.len(),
+        cfg.prompts * cfg.group,
+        args.out.join("data").display()
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -2,11 +2,73 @@
 
 use std::process::ExitCode;
 
+use rlreplay_data::{
+    validate_shard, Dataset, ReadOptions, StepRange, ValidationReport, DEFAULT_EOS,
+};
+
 /// Arguments of `rlreplay validate`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Dataset: a directory, a file, a glob, or hf://datasets/OWNER/NAME.
+    pub path: String,
+    /// Steps to check, inclusive: A..B, A.., ..B or A.
+    #[arg(long, default_value = "..")]
+    pub steps: StepRange,
+    /// Skip bad rows and report their counts; exit 1 only for files that cannot be read at all.
+    #[arg(long)]
+    pub lenient: bool,
+    /// Token ids must be below this vocabulary size.
+    #[arg(long)]
+    pub vocab: Option<u32>,
+    /// End-of-sequence id; responses not ending with it are counted as truncated.
+    #[arg(long, default_value_t = DEFAULT_EOS)]
+    pub eos: u32,
+}
 
 /// Runs `rlreplay validate`.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`rlreplay validate` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let ds = match Dataset::open_steps(&args.path, args.steps) {
+        Ok(ds) => ds,
+        Err(e) => {
+            println!("error: {e:#}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let opts = ReadOptions {
+        lenient: args.lenient,
+        eos: args.eos,
+        vocab: args.vocab,
+    };
+    let shards = ds.steps();
+    let bar = super::audit::progress(shards.len(), "validate");
+    let mut total = ValidationReport::default();
+    let mut failed_files = 0;
+    for (step, path) in &shards {
+        let report = validate_shard(path, *step, &opts);
+        let fatal = if args.lenient {
+            report.counts.keys().any(|k| k.is_structural())
+        } else {
+            !report.is_clean()
+        };
+        failed_files += usize::from(fatal);
+        if !report.is_clean() {
+            bar.suspend(|| {
+                println!("{}: {} problem(s)", path.display(), report.issue_count());
+                for i in report.issues.iter().take(10) {
+                    println!("  {i}");
+                }
+            });
+        }
+        total.merge(report);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!("{} shard(s) checked", shards.len());
+    print!("{total}");
+    if failed_files > 0 {
+        println!("FAILED: {failed_files} shard(s) with problems");
+        return Ok(ExitCode::from(1));
+    }
+    println!("OK");
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,188 @@
+//! The data commands end to end: synth, audit (table and JSON), validate, show.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn rlreplay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(args)
+        .output()
+        .expect("run rlreplay")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn synth(dir: &Path, vocab: &str, eos: &str) {
+    let out = dir.to_str().unwrap();
+    let args = vec![
+        "synth",
+        "--out",
+        out,
+        "--steps",
+        "3",
+        "--prompts",
+        "8",
+        "--group",
+        "4",
+        "--mean-len",
+        "40",
+        "--max-len",
+        "64",
+        "--vocab",
+        vocab,
+        "--eos",
+        eos,
+        "--seed",
+        "5",
+    ];
+    let o = rlreplay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn synth_then_audit_json() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), "1000", "999");
+    assert!(dir.path().join("data/step-0003.parquet").is_file());
+    let d = dir.path().to_str().unwrap();
+    let o = rlreplay(&["audit", d, "--json", "--eos", "999", "--steps", "2..3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["step"], 2);
+    assert_eq!(lines[1]["step"], 3);
+    assert!(lines[0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("step-0002.parquet"));
+    for key in [
+        "rows",
+        "groups",
+        "group_size",
+        "score_mean",
+        "solve_none",
+        "solve_all",
+        "prompt_len_mean",
+        "resp_len_mean",
+        "resp_len_max",
+        "truncated",
+        "logprob_mean",
+    ] {
+        assert!(lines[0].get(key).is_some(), "missing {key}");
+        assert!(lines[2].get(key).is_some(), "summary missing {key}");
+    }
+    assert_eq!(lines[0]["rows"], 32);
+    assert_eq!(lines[0]["groups"], 8);
+    assert_eq!(lines[0]["group_size"], 4.0);
+    assert_eq!(lines[2]["summary"], true);
+    assert_eq!(lines[2]["rows"], 64);
+    assert!(lines[2]["resp_len_max"].as_u64().unwrap() <= 64);
+    assert!(lines[2]["logprob_mean"].as_f64().unwrap() < 0.0);
+    // Human table: header, 3 steps, summary.
+    let o = rlreplay(&["audit", d, "--eos", "999"]);
+    assert!(o.status.success());
+    let table = stdout(&o);
+    assert_eq!(table.lines().count(), 5, "{table}");
+    assert!(table
+        .lines()
+        .last()
+        .unwrap()
+        .trim_start()
+        .starts_with("all"));
+}
+
+#[test]
+fn validate_clean_and_broken() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), "1000", "999");
+    let d = dir.path().to_str().unwrap();
+    let o = rlreplay(&["validate", d, "--vocab", "1000", "--eos", "999"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("OK"));
+    // A vocabulary smaller than the ids: every shard fails.
+    let o = rlreplay(&["validate", d, "--vocab", "10"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("bad_token_id"), "{}", stdout(&o));
+    // A truncated shard: named in the report; lenient does not rescue an unreadable file.
+    let shard = dir.path().join("data/step-0002.parquet");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() / 3]).unwrap();
+    let o = rlreplay(&["validate", d]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("step-0002.parquet"), "{}", stdout(&o));
+    assert_eq!(
+        rlreplay(&["validate", d, "--lenient"]).status.code(),
+        Some(1)
+    );
+    // Audit stops with the error (exit 2) naming the file.
+    let o = rlreplay(&["audit", d]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("step-0002.parquet"));
+    let o = rlreplay(&["validate", "/nonexistent/data"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn show_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), "1000", "999");
+    let d = dir.path().to_str().unwrap();
+    let o = rlreplay(&[
+        "show",
+        d,
+        "--step",
+        "2",
+        "--row",
+        "5",
+        "--eos",
+        "999",
+        "--tokenizer",
+        "/nonexistent/tokenizer.json",
+    ]);
+    assert!(!o.status.success());
+    let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(["show", d, "--step", "2", "--row", "5", "--eos", "999"])
+        .env("RLREPLAY_TOKENIZER", "/nonexistent/tokenizer.json")
+        .output()
+        .unwrap();
+    // With an explicit default that does not exist, raw ids are shown.
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = stdout(&o);
+    assert!(s.contains("step:        2   row: 5"), "{s}");
+    assert!(s.contains("response ids"), "{s}");
+    assert!(s.contains("log-probs:"), "{s}");
+    let o = rlreplay(&["show", d, "--step", "2", "--row", "500"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("has 32 rows"));
+}
+
+#[test]
+fn show_decodes_with_the_real_tokenizer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/qwen3/tokenizer.json");
+    if !root.is_file() {
+        eprintln!("skipped: run scripts/install-tokenizer.sh first");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), "151643", "151643");
+    let d = dir.path().to_str().unwrap();
+    let o = rlreplay(&[
+        "show",
+        d,
+        "--row",
+        "0",
+        "--tokenizer",
+        root.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = stdout(&o);
+    assert!(
+        s.contains("--- prompt ---") && s.contains("--- response ---"),
+        "{s}"
+    );
+}
