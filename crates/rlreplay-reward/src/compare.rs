@@ -126,30 +126,35 @@ fn is_set(e: &Expr) -> bool {
     )
 }
 
-/// `x < 3` as `(-oo, 3)`, `x = 5` as `{5}`, `1 < x \le 2` as `(1, 2]` (one symbol only).
+/// `x < 3` as `(-oo, 3)`, `x = 5` as `{5}`, `1 < x \le 2` as `(1, 2]`, for one variable (a symbol,
+/// or a function application such as `f(x)`, which the parser reads as a product of symbols).
 fn relation_as_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
     let rels: Vec<&Expr> = match e {
         Expr::And(v) => v.iter().collect(),
         r => vec![r],
     };
-    let mut syms = BTreeSet::new();
-    e.symbols(&mut syms);
-    if syms.len() != 1 {
-        return Ok(None);
-    }
-    let neg_inf = Expr::neg(Expr::Inf);
-    let mut lo = (neg_inf, true);
+    let is_var = |x: &Expr| match x {
+        Expr::Sym(_) => true,
+        Expr::Mul(v) => v.iter().all(|a| matches!(a, Expr::Sym(_))),
+        _ => false,
+    };
+    let mut var: Option<&Expr> = None;
+    let mut lo = (Expr::negate(Expr::Inf), true);
     let mut hi = (Expr::Inf, true);
     let mut point = None;
     for r in rels {
         let Expr::Rel(op, l, rr) = r else {
             return Ok(None);
         };
-        let (op, bound) = match (&**l, &**rr) {
-            (Expr::Sym(_), x) if !has_symbols(x) => (*op, x.clone()),
-            (x, Expr::Sym(_)) if !has_symbols(x) => (op.flipped(), x.clone()),
+        let (v, op, bound) = match (&**l, &**rr) {
+            (v, x) if is_var(v) && !has_symbols(x) => (v, *op, x.clone()),
+            (x, v) if is_var(v) && !has_symbols(x) => (v, op.flipped(), x.clone()),
             _ => return Ok(None),
         };
+        if var.is_some_and(|w| w != v) {
+            return Ok(None);
+        }
+        var = Some(v);
         b.check()?;
         match op {
             RelOp::Lt => hi = (bound, true),
@@ -191,16 +196,17 @@ fn compare_relations(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop>
             Ok(true)
         }
         (Expr::Rel(go, gl, gr), Expr::Rel(po, pl, pr)) => {
-            let gd = Expr::sub((**gl).clone(), (**gr).clone());
-            if go == po && expr_eq(&gd, &Expr::sub((**pl).clone(), (**pr).clone()), b)? {
+            let gd = Expr::minus((**gl).clone(), (**gr).clone());
+            if go == po && expr_eq(&gd, &Expr::minus((**pl).clone(), (**pr).clone()), b)? {
                 return Ok(true);
             }
-            if go.flipped() == *po && expr_eq(&gd, &Expr::sub((**pr).clone(), (**pl).clone()), b)? {
+            if go.flipped() == *po && expr_eq(&gd, &Expr::minus((**pr).clone(), (**pl).clone()), b)?
+            {
                 return Ok(true);
             }
             // Same solution set: for equations, the two sides' differences are proportional.
             if *go == RelOp::Eq && *po == RelOp::Eq {
-                let pd = Expr::sub((**pl).clone(), (**pr).clone());
+                let pd = Expr::minus((**pl).clone(), (**pr).clone());
                 return proportional(&gd, &pd, b);
             }
             Ok(false)
@@ -488,8 +494,8 @@ fn values_equal(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
     if syms.is_empty() {
         let none = |_: &str| None;
         return Ok(match (gold.eval(&none, b), pred.eval(&none, b)) {
-            (Ok(x), Ok(y)) if x.is_finite() && y.is_finite() => close(x, y),
-            (Ok(x), Ok(y)) => x == y && !x.is_nan(),
+            // Undefined values (division by zero) are never equal, as sympy's `zoo` is not.
+            (Ok(x), Ok(y)) => x.is_finite() && y.is_finite() && close(x, y),
             _ => false,
         });
     }

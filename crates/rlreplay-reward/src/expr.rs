@@ -138,7 +138,7 @@ impl Expr {
     }
 
     /// `-e`, folding literals the way the LaTeX converter does.
-    pub fn neg(e: Expr) -> Expr {
+    pub fn negate(e: Expr) -> Expr {
         match e {
             Expr::Num(r) => Expr::Num(-r),
             Expr::Float(f) => Expr::Float(-f),
@@ -147,8 +147,8 @@ impl Expr {
     }
 
     /// `a - b`.
-    pub fn sub(a: Expr, b: Expr) -> Expr {
-        Expr::Add(vec![a, Expr::neg(b)])
+    pub fn minus(a: Expr, b: Expr) -> Expr {
+        Expr::Add(vec![a, Expr::negate(b)])
     }
 
     /// True for an integer literal.

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use fancy_regex::{Captures, Regex};
 
 use crate::expr::{Budget, Expr, Stop};
-use crate::latex::{number_from_str, parse_latex};
+use crate::latex::{number_from_str, parse_latex, parse_python};
 use crate::normalize::{normalize_latex, BoxedMode};
 
 /// What an answer text is searched for.
@@ -277,13 +277,13 @@ fn extract_expr(
     if expr.is_empty() {
         return Ok((None, String::new()));
     }
-    // A Python arithmetic expression: `**` is the power; `×`, `÷` and `^` are not operators there.
+    // A Python arithmetic expression (`^` read as `**`): `×` and `÷` are not operators there,
+    // and `3.` is a float.
     let py = expr.replace('\n', " ");
-    if py.contains(['×', '÷', '^']) {
+    if py.contains(['×', '÷']) {
         return Ok((None, expr.to_string()));
     }
-    let as_latex = py.replace("**", "^");
-    match parse_latex(&as_latex, false, budget) {
+    match parse_python(&py, budget) {
         Ok(e) => Ok((Some(e), expr.to_string())),
         Err(Stop::Timeout) => Err(Stop::Timeout),
         Err(Stop::Fail) => Ok((None, expr.to_string())),

@@ -90,8 +90,23 @@ const SPACES: &[&str] = &[
 
 /// Parses normalised LaTeX into an expression. `complex` makes `i` the imaginary unit.
 pub fn parse_latex(text: &str, complex: bool, budget: &Budget) -> Result<Expr, Stop> {
+    parse_with(text, complex, false, budget)
+}
+
+/// Parses a plain arithmetic expression in Python syntax (`**` or `^` for powers).
+pub fn parse_python(text: &str, budget: &Budget) -> Result<Expr, Stop> {
+    parse_with(&text.replace("**", "^"), false, true, budget)
+}
+
+fn parse_with(text: &str, complex: bool, python: bool, budget: &Budget) -> Result<Expr, Stop> {
     if COMMA_NUMBER.is_match(text) {
-        let t: String = text.trim().chars().filter(|c| *c != ',').collect();
+        let t = text.trim();
+        // "0,111" is a decimal with a comma; otherwise commas separate thousands.
+        let t: String = if t.starts_with('0') {
+            t.replace(',', ".")
+        } else {
+            t.chars().filter(|c| *c != ',').collect()
+        };
         return number_from_str(&t);
     }
     let mut p = Parser {
@@ -99,6 +114,7 @@ pub fn parse_latex(text: &str, complex: bool, budget: &Budget) -> Result<Expr, S
         pos: 0,
         depth: 0,
         complex,
+        python,
         budget,
     };
     let elems = p.elements()?;
@@ -128,7 +144,7 @@ pub fn number_from_str(t: &str) -> Result<Expr, Stop> {
         let v: BigInt = digits.parse().map_err(|_| Stop::Fail)?;
         Expr::Num(BigRational::from_integer(v))
     };
-    Ok(if neg { Expr::neg(e) } else { e })
+    Ok(if neg { Expr::negate(e) } else { e })
 }
 
 struct Parser<'a> {
@@ -136,6 +152,8 @@ struct Parser<'a> {
     pos: usize,
     depth: usize,
     complex: bool,
+    /// Python syntax: exponents are whole operands, not single characters.
+    python: bool,
     budget: &'a Budget,
 }
 
@@ -172,7 +190,10 @@ pub fn only_symbols(e: &Expr) -> bool {
     match e {
         Expr::Sym(_) => true,
         Expr::Pow(b, x) if **x == Expr::int(-1) => only_symbols(b),
-        Expr::Add(v) | Expr::Mul(v) | Expr::Tuple(v) => !v.is_empty() && v.iter().all(only_symbols),
+        Expr::Add(v) | Expr::Mul(v) | Expr::Tuple(v) | Expr::Func(_, v) => {
+            !v.is_empty() && v.iter().all(only_symbols)
+        }
+        Expr::Interval(a, b, ..) => only_symbols(a) && only_symbols(b),
         Expr::Pow(a, b) => only_symbols(a) && only_symbols(b),
         _ => false,
     }
@@ -184,14 +205,12 @@ impl Parser<'_> {
     }
 
     fn rest_starts(&self, lit: &str) -> bool {
-        let mut i = self.pos;
-        for c in lit.chars() {
-            if self.s.get(i) != Some(&c) {
-                return false;
-            }
-            i += 1;
-        }
-        true
+        let n = lit.chars().count();
+        self.s.len() >= self.pos + n
+            && self.s[self.pos..self.pos + n]
+                .iter()
+                .copied()
+                .eq(lit.chars())
     }
 
     /// The command name at the cursor (after `\`), without consuming it.
@@ -234,6 +253,10 @@ impl Parser<'_> {
                     let Some(cmd) = self.peek_cmd() else { return };
                     if SPACES.contains(&cmd.as_str()) {
                         self.pos += 1 + cmd.chars().count();
+                    } else if let Some(sp) = ["qquad", "quad"].iter().find(|q| cmd.starts_with(**q))
+                    {
+                        // `\quadx` is a space followed by `x`.
+                        self.pos += 1 + sp.len();
                     } else {
                         return;
                     }
@@ -336,6 +359,10 @@ impl Parser<'_> {
         let c = self.peek()?;
         let simple = match c {
             '=' => Some(Rel::Op(RelOp::Eq)),
+            '!' if self.s.get(self.pos + 1) == Some(&'=') => {
+                self.pos += 1;
+                Some(Rel::Op(RelOp::Ne))
+            }
             '<' | '≤' if self.s.get(self.pos + 1) == Some(&'=') && c == '<' => {
                 self.pos += 1;
                 Some(Rel::Op(RelOp::Le))
@@ -375,7 +402,7 @@ impl Parser<'_> {
         self.skip_ws();
         if self.eat_cmd("pm") {
             let e = self.additive()?;
-            return Ok(Alt::Two(Expr::neg(e.clone()), e));
+            return Ok(Alt::Two(Expr::negate(e.clone()), e));
         }
         let a = self.additive()?;
         self.skip_ws();
@@ -383,7 +410,7 @@ impl Parser<'_> {
             let b = self.additive()?;
             return Ok(Alt::Two(
                 Expr::Add(vec![a.clone(), b.clone()]),
-                Expr::Add(vec![a, Expr::neg(b)]),
+                Expr::Add(vec![a, Expr::negate(b)]),
             ));
         }
         Ok(Alt::One(a))
@@ -402,7 +429,7 @@ impl Parser<'_> {
                 Some('-') => {
                     self.pos += 1;
                     let t = self.term()?;
-                    terms.push(Expr::neg(t));
+                    terms.push(Expr::negate(t));
                 }
                 _ => break,
             }
@@ -423,7 +450,7 @@ impl Parser<'_> {
             if c == Some('*') || c == Some('×') || c == Some('·') {
                 self.pos += 1;
                 acc = mul(acc, self.unary()?);
-            } else if c == Some('/') || c == Some('÷') {
+            } else if c == Some('/') || c == Some('÷') || c == Some(':') {
                 self.pos += 1;
                 acc = div(acc, self.unary()?);
             } else if self.eat_cmd("cdot") || self.eat_cmd("times") || self.eat_cmd("ast") {
@@ -442,7 +469,7 @@ impl Parser<'_> {
         let r = match self.peek() {
             Some('-') => {
                 self.pos += 1;
-                Expr::neg(self.unary()?)
+                Expr::negate(self.unary()?)
             }
             Some('+') => {
                 self.pos += 1;
@@ -495,6 +522,8 @@ impl Parser<'_> {
                         | "%"
                         | "right"
                         | "\\"
+                        | ")"
+                        | "]"
                 )
             }
             _ => false,
@@ -533,7 +562,7 @@ impl Parser<'_> {
         loop {
             self.skip_ws();
             match self.peek() {
-                Some('!') => {
+                Some('!') if self.s.get(self.pos + 1) != Some(&'=') => {
                     self.pos += 1;
                     base = Expr::Func("factorial".into(), vec![base]);
                 }
@@ -563,6 +592,9 @@ impl Parser<'_> {
     /// The exponent after `^`; `None` for a degree sign.
     fn superscript(&mut self) -> Result<Option<Expr>, Stop> {
         self.skip_ws();
+        if self.python {
+            return Ok(Some(self.unary()?));
+        }
         match self.peek() {
             Some('{') => {
                 let save = self.pos;
@@ -584,7 +616,7 @@ impl Parser<'_> {
             }
             Some('-') => {
                 self.pos += 1;
-                Ok(Some(Expr::neg(self.atom()?)))
+                Ok(Some(Expr::negate(self.atom()?)))
             }
             _ => Ok(Some(self.atom()?)),
         }
@@ -636,6 +668,12 @@ impl Parser<'_> {
             while matches!(self.peek(), Some(c) if c.is_ascii_digit()) {
                 self.pos += 1;
             }
+        }
+        if self.python && self.peek() == Some('.') && self.pos > start {
+            // Python's `3.` is the float 3.0.
+            self.pos += 1;
+            let t: String = self.s[start..self.pos].iter().collect();
+            return number_from_str(&format!("{t}0"));
         }
         let mut t: String = self.s[start..self.pos].iter().collect();
         // Leading zeros are dropped from integers ("004" is 4).
@@ -728,6 +766,14 @@ impl Parser<'_> {
         let open_right = match self.peek() {
             Some(')') => true,
             Some(']') => false,
+            Some('\\') if self.rest_starts("\\)") => {
+                self.pos += 1;
+                true
+            }
+            Some('\\') if self.rest_starts("\\]") => {
+                self.pos += 1;
+                false
+            }
             _ => return Err(Stop::Fail),
         };
         self.pos += 1;
@@ -879,7 +925,7 @@ impl Parser<'_> {
                 let x = self.func_arg()?;
                 let f = match base {
                     Some(b) => Expr::Func("log".into(), vec![x, b]),
-                    None => Expr::Func("log".into(), vec![x]),
+                    None => Expr::Func("log".into(), vec![x, Expr::int(10)]),
                 };
                 apply_pow(f, pow)
             }
@@ -890,6 +936,8 @@ impl Parser<'_> {
                 Expr::Func(cmd.clone(), args)
             }
             "begin" => self.environment()?,
+            "(" => self.bracketed(true)?,
+            "[" => self.bracketed(false)?,
             "imath" | "jmath" => Expr::I,
             name => {
                 if let Some((_, f)) = FUNCS.iter().find(|(n, _)| *n == name) {

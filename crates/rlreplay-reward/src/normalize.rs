@@ -327,11 +327,7 @@ pub fn extract_boxed_content(text: &str, mode: BoxedMode) -> String {
             if mode == BoxedMode::Last {
                 if let Some(lbs) = last_boxed_start {
                     let prev = results.last().map(String::as_str).unwrap_or("");
-                    let between = if end + 1 <= lbs {
-                        &text[end + 1..lbs]
-                    } else {
-                        ""
-                    };
+                    let between = if end < lbs { &text[end + 1..lbs] } else { "" };
                     let n = between.chars().count();
                     let ok =
                         n < 10 || (content != prev && n < 70 && VALID_SEPARATOR.is_match(between));
