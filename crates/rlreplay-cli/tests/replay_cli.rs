@@ -86,13 +86,13 @@ fn metrics_without_perf(run: &Path) -> Vec<serde_json::Value> {
 #[test]
 fn kill_9_then_resume_matches_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let steps = 10;
+    let steps = 16;
     let cfg = setup(tmp.path(), steps);
     let full = tmp.path().join("full");
     let full_s = full.to_string_lossy();
     let o = rlreplay(&["replay", "--config", &cfg, "--out", &full_s, "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("trained 10/10 steps"));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained 16/16 steps"));
 
     let part = tmp.path().join("part");
     let part_s = part.to_string_lossy();
@@ -121,7 +121,7 @@ fn kill_9_then_resume_matches_an_uninterrupted_run() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(metrics_without_perf(&full), metrics_without_perf(&part));
     let w =
-        |r: &Path| std::fs::read(r.join("checkpoints/global_step_10/model.safetensors")).unwrap();
+        |r: &Path| std::fs::read(r.join("checkpoints/global_step_16/model.safetensors")).unwrap();
     assert_eq!(w(&full), w(&part));
 }
 

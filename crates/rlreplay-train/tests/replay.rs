@@ -301,3 +301,40 @@ fn schedules_pick_the_planned_rows() {
         assert_eq!(x["schedule/rows"], 16.0);
     }
 }
+
+#[test]
+fn off_policy_corrections_run_and_are_logged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 1);
+    for (name, algo) in [
+        (
+            "is",
+            "loss_mode = \"ppo\"\nrollout_is = \"token\"\nrollout_is_threshold = 2.0\n",
+        ),
+        ("bypass", "loss_mode = \"reinforce\"\nbypass_mode = true\n"),
+    ] {
+        let text = format!("[algorithm]\n{algo}\n");
+        let mut cfg = config(&data, "");
+        cfg.batch.ppo_epochs = 2;
+        let extra: toml::Table = toml::from_str(&text).unwrap();
+        for (k, v) in extra["algorithm"].as_table().unwrap() {
+            cfg.algorithm.params.insert(k.clone(), v.clone());
+        }
+        let out = tmp.path().join(name);
+        let s = run(&opts(cfg, &out)).unwrap();
+        assert_eq!(s.skipped_updates, 0);
+        let m = &metrics_without_perf(&out)[0];
+        assert_eq!(m["train/optimizer_steps"], 4.0, "{name}");
+        for key in [
+            "rollout_corr/kl",
+            "rollout_corr/k3_kl",
+            "rollout_corr/chi2_seq",
+        ] {
+            assert!(m[key].is_number(), "{name}: {key} missing in {m}");
+        }
+        if name == "is" {
+            assert!(m["rollout_corr/rollout_is_mean"].is_number(), "{m}");
+            assert!(m["actor/pg_clipfrac"].is_number(), "{m}");
+        }
+    }
+}
