@@ -524,3 +524,123 @@ fn rlsd_tr_end_to_end() {
     assert!(close(out.loss, -0.054167, 1e-5), "{}", out.loss);
     assert_all_close(&out.grad_logprobs, &[-0.25, 0.15, 0.045833], 1e-5);
 }
+
+#[test]
+fn non_finite_inputs_name_row_and_token() {
+    let c = AlgoConfig::default();
+    let offsets = [0, 2, 4];
+    let norm = Normalizer::new(&c, &offsets, None).unwrap();
+    let lp = [-1.0, -1.0, -1.0, -1.0];
+    let bad = [-1.0, -1.0, -1.0, f64::NAN];
+    let mb = MicroBatch {
+        offsets: &offsets,
+        logprobs: &lp,
+        old_logprobs: Some(&bad),
+        token_advantages: &[0.0; 4],
+        ..MicroBatch::default()
+    };
+    let err = policy_loss(&c, &norm, &mb).unwrap_err().to_string();
+    assert!(
+        err.contains("old_logprobs") && err.contains("row 1, token 1"),
+        "{err}"
+    );
+    let err = compute_advantages(&c, &["a", "a"], &[1.0, f64::INFINITY], &[0, 1, 2], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("scores") && err.contains("row 1"), "{err}");
+    let err = rollout_correction(&is_cfg(IsLevel::Token), &[0, 1], &[f64::NAN], &[-1.0], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("row 0, token 0"), "{err}");
+}
+
+#[test]
+fn zero_valid_tokens_give_zero_loss_and_a_count() {
+    for mode in AggMode::NAMES {
+        let c = AlgoConfig {
+            loss_agg_mode: AggMode::from_name(mode).unwrap(),
+            ..AlgoConfig::default()
+        };
+        let offsets = [0, 2, 2];
+        let mask = [false, false];
+        let norm = Normalizer::new(&c, &offsets, Some(&mask)).unwrap();
+        let mb = MicroBatch {
+            offsets: &offsets,
+            logprobs: &[-1.0, -2.0],
+            token_advantages: &[1.0, 1.0],
+            mask: Some(&mask),
+            ..MicroBatch::default()
+        };
+        let out = policy_loss(&c, &norm, &mb).unwrap();
+        assert_eq!(out.loss, 0.0);
+        assert_eq!(out.grad_logprobs, vec![0.0, 0.0]);
+        assert_eq!(out.metrics["actor/empty_micro_batches"], 1.0);
+        assert!(out.metrics.values().all(|v| v.is_finite()));
+    }
+}
+
+#[test]
+fn config_errors_name_the_key() {
+    let err = AlgoConfig {
+        clip_ratio_c: 1.0,
+        ..AlgoConfig::default()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("clip_ratio_c"), "{err}");
+    let err = serde_json::from_str::<AlgoConfig>(r#"{"loss_mode": "dpo"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dpo") && err.contains("reinforce"), "{err}");
+    let err = serde_json::from_str::<AlgoConfig>(r#"{"clip_ratio_lo": 0.1}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("clip_ratio_lo"), "{err}");
+    let c: AlgoConfig = serde_json::from_str("{}").unwrap();
+    assert_eq!(c, AlgoConfig::default());
+}
+
+/// Rejection sampling: `token_k1` with ratio bounds [0.5, 2] rejects tokens whose
+/// `π_rollout/π_train` leaves the band; rejected tokens leave the advantage statistics.
+#[test]
+fn rejection_sampling_masks_tokens() {
+    let c = AlgoConfig {
+        rollout_rs: Some("token_k1".into()),
+        rollout_rs_threshold: Some(RsThreshold::Number(2.0)),
+        ..AlgoConfig::default()
+    };
+    let offsets = [0, 3];
+    let out =
+        rollout_correction(&c, &offsets, &[-1.0, -1.0, -1.0], &[-1.0, -0.1, -2.0], None).unwrap();
+    assert_eq!(out.mask, vec![true, false, false]);
+    assert!(close(
+        out.metrics["rollout_corr/rollout_rs_masked_fraction"],
+        2.0 / 3.0,
+        1e-12
+    ));
+    assert_eq!(
+        out.metrics["rollout_corr/rollout_rs_seq_masked_fraction"],
+        1.0
+    );
+    let seq = AlgoConfig {
+        rollout_rs: Some("seq_max_k2,token_k3".into()),
+        rollout_rs_threshold: Some(RsThreshold::Text("0.5,10".into())),
+        ..AlgoConfig::default()
+    };
+    let out = rollout_correction(
+        &seq,
+        &offsets,
+        &[-1.0, -1.0, -1.0],
+        &[-1.0, -0.1, -2.0],
+        None,
+    )
+    .unwrap();
+    assert_eq!(out.mask, vec![true, true, true]);
+    let bad = AlgoConfig {
+        rollout_rs: Some("token_k9".into()),
+        rollout_rs_threshold: Some(RsThreshold::Number(2.0)),
+        ..AlgoConfig::default()
+    };
+    assert!(bad.validate().unwrap_err().to_string().contains("token_k1"));
+}
