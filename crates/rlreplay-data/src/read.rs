@@ -1,7 +1,7 @@
 //! Reading one Parquet shard into a [`RolloutBatch`], with column aliases and validation.
 //!
 //! Columns are decoded straight from the Arrow buffers into the batch's flat vectors, one record
-//! batch of 1024 rows at a time (memory stays near the size of the decoded shard). The response
+//! batch of 256 rows at a time (memory stays near the size of the decoded shard). The response
 //! tokens, the log-probs and the remaining columns are decoded on separate threads.
 
 use std::fs::File;
@@ -40,7 +40,7 @@ pub const SCORE_ALIASES: &[&str] = &["score", "reward", "acc", "scores"];
 /// Mask columns that are checked to be all ones over the stored lengths.
 pub const MASK_COLUMNS: &[&str] = &["response_mask", "prompt_mask", "attention_mask"];
 
-const BATCH_ROWS: usize = 1024;
+const BATCH_ROWS: usize = 256;
 
 /// How to read shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,17 +294,19 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
         Ok(())
     };
 
+    // Capacities trust the footer only this far (a corrupted footer must not allocate wildly).
+    let cap = rows.min(1 << 20);
     let read_meta = || -> Result<Decoded> {
         let mut d = Decoded {
             rows,
-            uids: Vec::with_capacity(rows),
-            scores: Vec::with_capacity(rows),
-            data_source: Vec::with_capacity(rows),
-            ground_truth: Vec::with_capacity(rows),
-            temperature: Vec::with_capacity(rows),
-            top_p: Vec::with_capacity(rows),
-            prompt: Vec::new(),
-            prompt_offsets: vec![0],
+            uids: Vec::with_capacity(cap),
+            scores: Vec::with_capacity(cap),
+            data_source: Vec::with_capacity(cap),
+            ground_truth: Vec::with_capacity(cap),
+            temperature: Vec::with_capacity(cap),
+            top_p: Vec::with_capacity(cap),
+            prompt: Vec::with_capacity(leaf_entries(&meta, &cols.prompt)),
+            prompt_offsets: Vec::with_capacity(cap + 1),
             response: Vec::new(),
             response_offsets: Vec::new(),
             log_probs: Vec::new(),
@@ -312,11 +314,12 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
             masks: cols
                 .masks
                 .iter()
-                .map(|m| (m.clone(), Vec::with_capacity(rows)))
+                .map(|m| (m.clone(), Vec::with_capacity(cap)))
                 .collect(),
             issues: Vec::new(),
             names: Columns::default(),
         };
+        d.prompt_offsets.push(0);
         reader(&meta_cols, &mut |base, b| {
             let col = |n: &str| b.column_by_name(n).expect("projected column");
             strings(
@@ -372,12 +375,11 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
         Ok(d)
     };
     let read_response = || -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
-        let (mut toks, mut offs, mut issues) = (Vec::new(), vec![0], Vec::new());
+        let mut toks = Vec::with_capacity(leaf_entries(&meta, &cols.response));
+        let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
+        offs.push(0);
         reader(&[cols.response.as_str()], &mut |base, b| {
             let c = b.column(0);
-            if toks.is_empty() {
-                toks.reserve(estimate_total(c, rows));
-            }
             append_tokens(
                 path,
                 base,
@@ -393,12 +395,11 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
         Ok((toks, offs, issues))
     };
     let read_log_probs = || -> Result<(Vec<f32>, Vec<usize>, Vec<Issue>)> {
-        let (mut vals, mut offs, mut issues) = (Vec::new(), vec![0], Vec::new());
+        let mut vals = Vec::with_capacity(leaf_entries(&meta, &cols.log_probs));
+        let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
+        offs.push(0);
         reader(&[cols.log_probs.as_str()], &mut |base, b| {
             let c = b.column(0);
-            if vals.is_empty() {
-                vals.reserve(estimate_total(c, rows));
-            }
             append_floats(
                 path,
                 base,
@@ -427,12 +428,22 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
     Ok(d)
 }
 
-/// Capacity guess for a whole column from its first record batch.
-fn estimate_total(c: &ArrayRef, rows: usize) -> usize {
-    let n = c.len().max(1);
-    let vals = list_bounds(c).map_or(0, |(o, _)| o[o.len() - 1] - o[0]);
-    // 5% headroom: one reservation for the shard in the common case.
-    (vals as f64 / n as f64 * rows as f64 * 1.05) as usize
+/// Number of leaf entries of a list column (values plus one per empty or null list), from the
+/// footer: an upper bound of its values that sizes the output once.
+fn leaf_entries(meta: &ArrowReaderMetadata, name: &str) -> usize {
+    let md = meta.metadata();
+    let schema = md.file_metadata().schema_descr();
+    let Some(leaf) =
+        (0..schema.num_columns()).find(|&i| schema.column(i).path().parts()[0] == name)
+    else {
+        return 0;
+    };
+    md.row_groups()
+        .iter()
+        .map(|rg| usize::try_from(rg.column(leaf).num_values()).unwrap_or(0))
+        .sum::<usize>()
+        // A corrupted footer must not trigger a huge allocation.
+        .min(1 << 28)
 }
 
 /// Absolute value offsets (`len + 1`) and the values array of a list column.
