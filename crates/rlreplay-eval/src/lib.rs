@@ -4,6 +4,9 @@
 
 pub mod chat;
 pub mod dataset;
+pub mod engine;
 pub mod metrics;
+pub mod pipeline;
 pub mod report;
 pub mod sampling;
+pub mod scoring;

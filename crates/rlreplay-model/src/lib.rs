@@ -11,6 +11,7 @@
 
 mod checkpoint;
 mod config;
+pub mod generate;
 mod model;
 pub mod ops;
 mod optim;

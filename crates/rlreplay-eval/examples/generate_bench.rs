@@ -1,0 +1,82 @@
+//! Sampling throughput on a random Qwen3 model: saves the model (for the transformers side of
+//! `bench/generate.sh`), samples `batch` prompts of `prompt_len` random tokens for exactly
+//! `new_tokens` tokens each (no stop ids), and prints one JSON line with tokens/s.
+//!
+//! Usage: `generate_bench MODEL_DIR [batch] [prompt_len] [new_tokens]`.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rand::{Rng, SeedableRng};
+use rlreplay_eval::engine::generate;
+use rlreplay_eval::sampling::SamplingParams;
+use rlreplay_model::generate::Decoder;
+use rlreplay_model::{DType, Device, Qwen3, Qwen3Config};
+
+/// The benchmark model: 4 layers, hidden 256, 8/4 heads of 32, MLP 768, vocab 8192.
+fn bench_config() -> Qwen3Config {
+    Qwen3Config {
+        vocab_size: 8192,
+        hidden_size: 256,
+        intermediate_size: 768,
+        num_hidden_layers: 4,
+        num_attention_heads: 8,
+        num_key_value_heads: 4,
+        head_dim: 32,
+        ..Qwen3Config::tiny()
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = args
+        .get(1)
+        .context("usage: generate_bench MODEL_DIR [batch] [prompt_len] [new_tokens]")?;
+    let num = |i: usize, default: usize| -> Result<usize> {
+        args.get(i).map_or(Ok(default), |s| {
+            s.parse().with_context(|| format!("argument {i}: {s}"))
+        })
+    };
+    let (batch, prompt_len, new_tokens) = (num(2, 16)?, num(3, 32)?, num(4, 128)?);
+    let model = Qwen3::new_random(bench_config(), 0, DType::F32, &Device::Cpu)?;
+    model.save_hf(dir)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let vocab = model.config().vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..prompt_len)
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        })
+        .collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.95,
+        top_k: 0,
+        max_new_tokens: new_tokens,
+        stop_ids: vec![],
+        seed: 0,
+    };
+    let decoder = Decoder::new(&model)?;
+    // Warm-up, then the timed run.
+    generate(
+        &decoder,
+        &prompts[..1],
+        1,
+        &SamplingParams {
+            max_new_tokens: 4,
+            ..params.clone()
+        },
+        batch,
+        |_| {},
+    )?;
+    let start = Instant::now();
+    let gens = generate(&decoder, &prompts, 1, &params, batch, |_| {})?;
+    let secs = start.elapsed().as_secs_f64();
+    let tokens: usize = gens.iter().map(|g| g.tokens.len()).sum();
+    println!(
+        "{{\"impl\": \"rlreplay\", \"batch\": {batch}, \"prompt_len\": {prompt_len}, \"new_tokens\": {new_tokens}, \"tokens\": {tokens}, \"seconds\": {secs:.4}, \"tokens_per_s\": {:.1}}}",
+        tokens as f64 / secs
+    );
+    Ok(())
+}

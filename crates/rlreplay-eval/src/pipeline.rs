@@ -1,0 +1,94 @@
+//! The steps shared by `rlreplay generate` and `rlreplay eval`: load a policy and its chat
+//! template, encode a prompt set, sample, decode and score.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use rlreplay_model::{DType, Device, Qwen3};
+
+use crate::chat::{ChatOptions, ChatTokenizer};
+use crate::dataset::PromptItem;
+use crate::engine::Generation;
+use crate::scoring::{Answer, Scorer};
+use rlreplay_model::generate::Decoder;
+
+/// A model ready for sampling, with its tokenizer and chat template.
+pub struct Policy {
+    /// The decoding snapshot of the model's weights.
+    pub decoder: Decoder,
+    /// The tokenizer and chat template.
+    pub chat: ChatTokenizer,
+}
+
+impl Policy {
+    /// Loads a Hugging Face model directory; the tokenizer files (`tokenizer.json`,
+    /// `tokenizer_config.json`) come from `tokenizer_dir`, or from the model directory.
+    pub fn load(model_dir: &Path, tokenizer_dir: Option<&Path>, dtype: DType) -> Result<Self> {
+        let model = Qwen3::load(model_dir, dtype, &Device::Cpu)
+            .with_context(|| format!("loading the model in {}", model_dir.display()))?;
+        let decoder = Decoder::new(&model)?;
+        let chat = ChatTokenizer::from_dir(tokenizer_dir.unwrap_or(model_dir))?;
+        Ok(Self { decoder, chat })
+    }
+
+    /// Renders and tokenizes every prompt.
+    pub fn encode(&self, items: &[PromptItem], options: ChatOptions) -> Result<Vec<Vec<u32>>> {
+        items
+            .iter()
+            .map(|it| {
+                self.chat
+                    .encode(&it.messages, options)
+                    .with_context(|| format!("prompt {}", it.index))
+            })
+            .collect()
+    }
+}
+
+/// One generated response, decoded and scored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoredSample {
+    /// The generation.
+    pub generation: Generation,
+    /// The response text, special tokens removed (what the reward sees).
+    pub text: String,
+    /// The reward, when the prompt has a ground truth and scoring is on.
+    pub reward: Option<f64>,
+    /// Why the reward is 0 without a verdict (time-out, unparsable gold), if so.
+    pub reward_note: Option<String>,
+    /// The answer the response votes for in maj@k.
+    pub answer: Option<Answer>,
+}
+
+/// Decodes `generations` (of prompts `items`) and scores them when `scorer` is given.
+pub fn score_generations(
+    chat: &ChatTokenizer,
+    items: &[PromptItem],
+    generations: Vec<Generation>,
+    scorer: Option<&Scorer>,
+) -> Result<Vec<ScoredSample>> {
+    generations
+        .into_iter()
+        .map(|g| {
+            let item = &items[g.prompt];
+            let text = chat.decode(&g.tokens, true)?;
+            let (mut reward, mut reward_note, mut answer) = (None, None, None);
+            if let Some(s) = scorer {
+                answer = s.answer(&item.data_source, &text);
+                if let Some(gt) = &item.ground_truth {
+                    let out = s.score(&item.data_source, gt, &text);
+                    reward = Some(out.reward);
+                    reward_note = out
+                        .error
+                        .or_else(|| out.timed_out.then(|| "verifier time-out".to_owned()));
+                }
+            }
+            Ok(ScoredSample {
+                generation: g,
+                text,
+                reward,
+                reward_note,
+                answer,
+            })
+        })
+        .collect()
+}
