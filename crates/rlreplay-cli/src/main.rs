@@ -35,6 +35,8 @@ enum Command {
     Replay(commands::replay::Args),
     /// Grade predicted answers against gold answers with the math verifier.
     Verify(commands::verify::Args),
+    /// Online RL: generate, score and update a policy (GRPO, RLSD_TR, ...) on a prompt set.
+    Train(commands::train::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Logprobs(a) => commands::logprobs::run(a),
         Command::Replay(a) => commands::replay::run(a),
         Command::Verify(a) => commands::verify::run(a),
+        Command::Train(a) => commands::train::run(a),
     };
     match result {
         Ok(code) => code,

@@ -6,5 +6,6 @@ pub mod logprobs;
 pub mod replay;
 pub mod show;
 pub mod synth;
+pub mod train;
 pub mod validate;
 pub mod verify;
