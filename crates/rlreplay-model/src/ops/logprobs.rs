@@ -30,13 +30,28 @@ pub(crate) struct TokenLogProbs {
     pub temperature: f64,
     /// Whether to compute the entropy.
     pub entropy: bool,
+    /// Tile size `(rows, elements)`; the defaults [`TILE_ROWS`], [`TILE_ELEMS`] outside tests.
+    pub tile: (usize, usize),
 }
 
-/// `(rows per tile, vocabulary entries per tile)`.
-fn tile(n: usize, vocab: usize) -> (usize, usize) {
-    let rows = n.clamp(1, TILE_ROWS);
-    let cols = (TILE_ELEMS / rows).max(512).min(vocab.max(1));
-    (rows, cols)
+impl TokenLogProbs {
+    /// The op with the default tile size.
+    pub(crate) fn new(targets: Vec<u32>, temperature: f64, entropy: bool) -> Self {
+        Self {
+            targets,
+            temperature,
+            entropy,
+            tile: (TILE_ROWS, TILE_ELEMS),
+        }
+    }
+
+    /// `(rows per tile, vocabulary entries per tile)`.
+    fn tile(&self, n: usize, vocab: usize) -> (usize, usize) {
+        let (max_rows, elems) = self.tile;
+        let rows = n.clamp(1, max_rows);
+        let cols = (elems / rows).max(1).min(vocab.max(1));
+        (rows, cols)
+    }
 }
 
 /// Running online-softmax state of one row.
@@ -53,7 +68,7 @@ impl TokenLogProbs {
     fn fwd<T: Real>(&self, hid: &[T], w: &[T], h: usize) -> Result<Vec<T>> {
         let n = self.targets.len();
         let vocab = w.len() / h.max(1);
-        let (tr, tv) = tile(n, vocab);
+        let (tr, tv) = self.tile(n, vocab);
         let inv_t: T = c(1.0 / self.temperature);
         let mut logits = vec![T::zero(); tr * tv];
         let mut out = vec![T::zero(); n * COLS];
@@ -128,7 +143,7 @@ impl TokenLogProbs {
     ) -> Result<(Vec<T>, Vec<T>)> {
         let n = self.targets.len();
         let vocab = w.len() / h.max(1);
-        let (tr, tv) = tile(n, vocab);
+        let (tr, tv) = self.tile(n, vocab);
         let inv_t: T = c(1.0 / self.temperature);
         let mut dh = vec![T::zero(); hid.len()];
         let mut dw = vec![T::zero(); w.len()];
@@ -231,5 +246,63 @@ impl CustomOp2 for TokenLogProbs {
             dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
         };
         Ok((Some(dh), Some(dw)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    /// Several row tiles and several vocabulary tiles (including ragged last ones) give the same
+    /// values and gradients as the composite reference.
+    #[test]
+    fn multi_tile_matches_composite() {
+        let (n, vocab, h) = (23, 37, 5);
+        let val = |i: usize, seed: f64| (i as f64 * 0.37 + seed).sin() * 1.7;
+        let hid: Vec<f64> = (0..n * h).map(|i| val(i, 1.0)).collect();
+        let w: Vec<f64> = (0..vocab * h).map(|i| val(i, 2.0)).collect();
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 11 + 5) % vocab as u32).collect();
+        let gl: Vec<f64> = (0..n).map(|i| val(i, 3.0)).collect();
+        let ge: Vec<f64> = (0..n).map(|i| val(i, 4.0)).collect();
+        let dev = Device::Cpu;
+        let run = |fused: bool| -> Result<Vec<Vec<f64>>> {
+            let hv = Var::from_vec(hid.clone(), (n, h), &dev)?;
+            let wv = Var::from_vec(w.clone(), (vocab, h), &dev)?;
+            let (lp, ent) = if fused {
+                let op = TokenLogProbs {
+                    tile: (7, 7 * 10),
+                    ..TokenLogProbs::new(targets.clone(), 1.3, true)
+                };
+                let out = hv.as_tensor().apply_op2(wv.as_tensor(), op)?;
+                (
+                    out.narrow(1, COL_LOGP, 1)?.squeeze(1)?,
+                    out.narrow(1, COL_ENTROPY, 1)?.squeeze(1)?,
+                )
+            } else {
+                let (lp, ent) = crate::ops::composite::token_logprobs(
+                    hv.as_tensor(),
+                    wv.as_tensor(),
+                    &targets,
+                    1.3,
+                    true,
+                    4,
+                )?;
+                (lp, ent.expect("entropy requested"))
+            };
+            let loss = ((&lp * Tensor::new(gl.as_slice(), &dev)?)?.sum_all()?
+                + (&ent * Tensor::new(ge.as_slice(), &dev)?)?.sum_all()?)?;
+            let grads = loss.backward()?;
+            let flat = |t: &Tensor| t.flatten_all()?.to_vec1::<f64>();
+            let gh = grads.get(hv.as_tensor()).expect("hidden gradient");
+            let gw = grads.get(wv.as_tensor()).expect("lm_head gradient");
+            Ok(vec![flat(&lp)?, flat(&ent)?, flat(gh)?, flat(gw)?])
+        };
+        let (fused, reference) = (run(true).unwrap(), run(false).unwrap());
+        for (k, (a, b)) in fused.iter().zip(&reference).enumerate() {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() < 1e-11, "output {k}[{i}]: {x} vs {y}");
+            }
+        }
     }
 }

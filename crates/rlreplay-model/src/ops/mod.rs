@@ -186,11 +186,7 @@ pub fn token_logprobs(
         return Ok((empty, ent));
     }
     if kernel_applies(&[hidden, lm_head]) {
-        let op = logprobs::TokenLogProbs {
-            targets: targets.to_vec(),
-            temperature,
-            entropy: want_entropy,
-        };
+        let op = logprobs::TokenLogProbs::new(targets.to_vec(), temperature, want_entropy);
         let out = hidden.contiguous()?.apply_op2(&lm_head.contiguous()?, op)?;
         let column = |i: usize| out.narrow(1, i, 1)?.squeeze(1);
         let ent = if want_entropy {
