@@ -98,6 +98,12 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         })?;
         let rel = Path::new(file);
         let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
+        if plain && !root.join(rel).exists() {
+            return Err(Error::Checkpoint(format!(
+                "{}: weight_map[{name:?}] names the shard {file:?}, which does not exist",
+                index.display()
+            )));
+        }
         let resolved = root.join(rel).canonicalize().ok();
         if !plain || !resolved.is_some_and(|p| p.starts_with(&root)) {
             return Err(Error::Checkpoint(format!(

@@ -399,6 +399,15 @@ fn loading_names_missing_extra_and_misshaped_tensors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("not a file inside the model directory"), "{e}");
+    let index = serde_json::json!({"weight_map": {"model.norm.weight": "model-1.safetensors"}});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"model-1.safetensors\", which does not exist"),
+        "{e}"
+    );
     std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
     let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
         .unwrap_err()
