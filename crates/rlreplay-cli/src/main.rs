@@ -35,6 +35,10 @@ enum Command {
     Replay(commands::replay::Args),
     /// Grade predicted answers against gold answers with the math verifier.
     Verify(commands::verify::Args),
+    /// Sample completions of a prompt set into a rollout shard.
+    Generate(commands::generate::Args),
+    /// mean@k, pass@k and maj@k of a policy on a validation set.
+    Eval(commands::eval::Args),
     /// Online RL: generate, score and update a policy (GRPO, RLSD_TR, ...) on a prompt set.
     Train(commands::train::Args),
 }
@@ -50,6 +54,8 @@ fn main() -> ExitCode {
         Command::Logprobs(a) => commands::logprobs::run(a),
         Command::Replay(a) => commands::replay::run(a),
         Command::Verify(a) => commands::verify::run(a),
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Eval(a) => commands::eval::run(a),
         Command::Train(a) => commands::train::run(a),
     };
     match result {

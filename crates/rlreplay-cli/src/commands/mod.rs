@@ -2,6 +2,8 @@
 
 pub mod audit;
 pub mod compute;
+pub mod eval;
+pub mod generate;
 pub mod logprobs;
 pub mod replay;
 pub mod show;

@@ -1,0 +1,200 @@
+//! `rlreplay generate`: sample completions of a prompt set into a rollout shard.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use rlreplay_data::{write_shard, RolloutBatch};
+use rlreplay_eval::chat::ChatOptions;
+use rlreplay_eval::dataset::read_prompts;
+use rlreplay_eval::engine::generate;
+use rlreplay_eval::pipeline::{score_generations, Policy};
+use rlreplay_eval::sampling::{SamplingParams, QWEN3_STOP_IDS};
+use rlreplay_eval::scoring::Scorer;
+use rlreplay_model::DType;
+use rlreplay_reward::RewardDispatch;
+
+/// Options shared by `generate` and `eval`: model, tokenizer, sampling and batching.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Hugging Face Qwen3 model directory (config.json, safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Directory with tokenizer.json and tokenizer_config.json (default: the model directory).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Maximum number of generated tokens per response.
+    #[arg(long, default_value_t = 1024)]
+    pub max_new_tokens: usize,
+    /// Keep only the k most likely tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Seed of the per-sequence random streams.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop token ids (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = QWEN3_STOP_IDS)]
+    pub stop_ids: Vec<u32>,
+    /// Render prompts with `enable_thinking=false` (Qwen3's empty think block).
+    #[arg(long)]
+    pub no_thinking: bool,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Compute dtype: f32 or bf16.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: DType,
+    /// Reward rules `source=kind,...` added to the defaults (kinds: math, maxrl, math-default, mcq;
+    /// sciknoweval is mcq, every other source the MaxRL math reward).
+    #[arg(long, default_value = "")]
+    pub reward_rules: String,
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        other => Err(format!("unsupported dtype `{other}` (f32 or bf16)")),
+    }
+}
+
+impl SamplingArgs {
+    /// The sampling settings for `temperature` and `top_p`.
+    pub fn params(&self, temperature: f32, top_p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_p,
+            top_k: self.top_k,
+            max_new_tokens: self.max_new_tokens,
+            stop_ids: self.stop_ids.clone(),
+            seed: self.seed,
+        }
+    }
+
+    /// Chat rendering options.
+    pub fn chat_options(&self) -> ChatOptions {
+        ChatOptions {
+            add_generation_prompt: true,
+            enable_thinking: self.no_thinking.then_some(false),
+        }
+    }
+
+    /// The reward scorer.
+    pub fn scorer(&self) -> Result<Scorer> {
+        let dispatch = RewardDispatch::default()
+            .with_rules_str(&self.reward_rules)
+            .map_err(anyhow::Error::msg)?;
+        Ok(Scorer { dispatch })
+    }
+
+    /// Loads the policy.
+    pub fn policy(&self) -> Result<Policy> {
+        Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype)
+    }
+}
+
+/// A progress bar over `total` completions on stderr.
+pub fn progress_bar(total: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} (eta {eta})",
+        )
+        .expect("static progress template"),
+    );
+    bar.set_message(what.to_owned());
+    bar
+}
+
+/// Arguments of `rlreplay generate`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Prompts: JSON lines (`prompt` as text or chat messages; optional `data_source`,
+    /// `ground_truth`/`reward_model.ground_truth`) or a verl Parquet file.
+    #[arg(long)]
+    prompts: PathBuf,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Nucleus-sampling mass (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Output directory of the rollout shard.
+    #[arg(long, default_value = "rollouts")]
+    out: PathBuf,
+    /// Trainer step recorded in the shard (its file name).
+    #[arg(long, default_value_t = 0)]
+    step: i64,
+    /// Do not score responses even when prompts have a ground truth.
+    #[arg(long)]
+    no_reward: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// Runs `rlreplay generate`.
+pub fn run(args: Args) -> Result<ExitCode> {
+    let params = args.sampling.params(args.temperature, args.top_p);
+    params.validate()?;
+    let items = read_prompts(&args.prompts)?;
+    let policy = args.sampling.policy()?;
+    let encoded = policy.encode(&items, args.sampling.chat_options())?;
+    let bar = progress_bar(items.len() * args.n, "generate");
+    let gens = generate(
+        &policy.decoder,
+        &encoded,
+        args.n,
+        &params,
+        args.sampling.batch,
+        |_| bar.inc(1),
+    )?;
+    bar.finish_and_clear();
+    let scorer = if args.no_reward {
+        None
+    } else {
+        Some(args.sampling.scorer()?)
+    };
+    let samples = score_generations(&policy.chat, &items, gens, scorer.as_ref())?;
+    let mut batch = RolloutBatch::empty(args.step);
+    let (mut scored, mut truncated, mut tokens, mut reward_sum) = (0usize, 0usize, 0usize, 0.0);
+    for s in &samples {
+        let g = &s.generation;
+        let item = &items[g.prompt];
+        scored += usize::from(s.reward.is_some());
+        truncated += usize::from(g.truncated);
+        tokens += g.tokens.len();
+        reward_sum += s.reward.unwrap_or(0.0);
+        batch.push_row(
+            &format!("{}-{}", args.sampling.seed, item.index),
+            &encoded[g.prompt],
+            &g.tokens,
+            &g.logprobs,
+            s.reward.unwrap_or(0.0) as f32,
+            Some(&item.data_source),
+            item.ground_truth.as_deref(),
+            Some(args.temperature),
+            Some(args.top_p),
+        );
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let path = write_shard(&args.out, &batch)?;
+    eprintln!(
+        "wrote {} rows ({} prompts x {}) to {}: {tokens} response tokens, {truncated} truncated, \
+         {scored} scored{}",
+        samples.len(),
+        items.len(),
+        args.n,
+        path.display(),
+        if scored > 0 {
+            format!(", mean reward {:.4}", reward_sum / scored as f64)
+        } else {
+            String::new()
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
