@@ -46,6 +46,16 @@ use crate::toy;
 const OPTIMIZER_STATE: &str = "optimizer.safetensors";
 /// Directory of the EMA teacher inside a checkpoint.
 const EMA_TEACHER: &str = "ema_teacher";
+/// Tokenizer and chat-template files that travel with every saved model.
+const TOKENIZER_FILES: [&str; 7] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+];
 /// Files of a Hugging Face model directory copied to the run root for the best checkpoint.
 const HF_FILES: [&str; 5] = [
     "config.json",
@@ -181,6 +191,8 @@ fn compute_dtype(d: Dtype) -> DType {
 pub struct Trainer {
     cfg: OnlineConfig,
     out: PathBuf,
+    /// The initial model's directory: the tokenizer files of every saved model come from it.
+    initial: PathBuf,
     chat: ChatTokenizer,
     train: Vec<Prompt>,
     val: Vec<Prompt>,
@@ -335,14 +347,15 @@ impl Trainer {
         rewards.limits.time = std::time::Duration::from_secs_f64(cfg.reward.timeout_s);
         let run = RunDir::open(&out, state.global_step)?;
         write_atomic(&out.join("config.toml"), cfg.to_toml()?.as_bytes())?;
-        write_hyperparameters(
-            &cfg,
-            &opts.provenance,
-            &out.join("results/hyperparameters.csv"),
-        )?;
+        // The table records where each value came from at the start of the run; a resume keeps it.
+        let hp = out.join("results/hyperparameters.csv");
+        if resume.is_none() || !hp.is_file() {
+            write_hyperparameters(&cfg, &opts.provenance, &hp)?;
+        }
         let t = Self {
             cfg,
             out,
+            initial,
             chat,
             train,
             val,
@@ -373,6 +386,19 @@ impl Trainer {
     /// The trainer state.
     pub fn state(&self) -> &TrainerState {
         &self.state
+    }
+
+    /// Saves `model` in the Hugging Face layout with the initial model's tokenizer files (a resumed
+    /// model's own source directory may have been rotated away).
+    fn save_model(&self, model: &Qwen3, dir: &Path) -> Result<()> {
+        model.save_hf(dir)?;
+        for f in TOKENIZER_FILES {
+            let (src, dst) = (self.initial.join(f), dir.join(f));
+            if src.is_file() && !dst.is_file() {
+                fs::copy(&src, &dst).with_context(|| format!("copying {}", src.display()))?;
+            }
+        }
+        Ok(())
     }
 
     /// Appends a line to `run.log`.
@@ -477,7 +503,7 @@ impl Trainer {
             self.state.best = Some((step, mean));
             // The best policy goes to the run root (HF layout) once its step is checkpointed.
             let tmp = self.out.join(".best-candidate");
-            self.policy.save_hf(&tmp)?;
+            self.save_model(&self.policy, &tmp)?;
             write_atomic(&tmp.join("step.txt"), format!("{step}\n").as_bytes())?;
         }
         self.log(&format!(
@@ -513,15 +539,14 @@ impl Trainer {
             TeacherRegularization::TrustRegion => None,
         };
         let dir = self.run.save_checkpoint(step, self.cfg.trainer.keep, |d| {
-            self.policy.save_hf(d)?;
+            self.save_model(&self.policy, d)?;
             self.opt.save(d.join(OPTIMIZER_STATE))?;
             if let Some(t) = ema {
-                t.save_hf(d.join(EMA_TEACHER))?;
+                self.save_model(t, &d.join(EMA_TEACHER))?;
             }
             write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
         })?;
-        self.policy
-            .save_hf(self.out.join("checkpoints").join("last"))?;
+        self.save_model(&self.policy, &self.out.join("checkpoints").join("last"))?;
         // Promote the best candidate once a checkpoint at or after its step exists.
         let cand = self.out.join(".best-candidate");
         if cand.join("step.txt").is_file() {

@@ -1,0 +1,182 @@
+//! `rlreplay train` on the toy preset: artifacts, the rollouts as a dataset, stop and resume.
+
+use std::path::Path;
+use std::process::Command;
+
+fn rlreplay(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(args)
+        .output()
+        .expect("the rlreplay binary runs")
+}
+
+fn preset() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../configs/toy-arith.toml")
+        .display()
+        .to_string()
+}
+
+/// A very short run of the toy preset: 4 steps, validation and checkpoints every 2.
+const SHORT: [&str; 12] = [
+    "--set",
+    "trainer.total_training_steps=4",
+    "--set",
+    "trainer.save_freq=2",
+    "--set",
+    "validation.test_freq=2",
+    "--set",
+    "model.warmup_steps=2",
+    "--set",
+    "batch.train_batch_size=4",
+    "--set",
+    "toy.val_prompts=5",
+];
+
+#[test]
+fn toy_run_writes_the_artifacts_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.display().to_string();
+    let config = preset();
+    let mut args = vec![
+        "train",
+        "--config",
+        &config,
+        "--out",
+        &out_s,
+        "--stop-after",
+        "2",
+    ];
+    args.extend(SHORT);
+    let o = rlreplay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out
+        .join("checkpoints/global_step_2/trainer_state.json")
+        .is_file());
+    // A second fresh run into the same directory is refused.
+    let o = rlreplay(&args);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--resume"));
+
+    let mut resume = vec!["train", "--out", &out_s, "--resume"];
+    resume.extend(SHORT);
+    let o = rlreplay(&resume);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("trained 4 steps"), "{stdout}");
+
+    for f in [
+        "config.toml",
+        "run.log",
+        "metrics.jsonl",
+        "config.json",
+        "model.safetensors",
+        "best_step.txt",
+        "checkpoints/last/model.safetensors",
+        "checkpoints/last/tokenizer.json",
+        "results/validation_mean8.csv",
+        "results/training_scores.csv",
+        "results/hyperparameters.csv",
+        "results/training_score.png",
+        "results/training_score.svg",
+        "rollouts/data/step-0001.parquet",
+        "rollouts/data/step-0004.parquet",
+    ] {
+        assert!(out.join(f).is_file(), "missing {f}");
+    }
+    let val = std::fs::read_to_string(out.join("results/validation_mean8.csv")).unwrap();
+    let lines: Vec<&str> = val.lines().collect();
+    assert_eq!(lines[0], "step,val_mean8,percent");
+    let steps: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(steps, ["0", "2", "4"], "{val}");
+    let hp = std::fs::read_to_string(out.join("results/hyperparameters.csv")).unwrap();
+    assert!(hp.starts_with("Section,Parameter,Value,Source\n"));
+    assert!(
+        hp.contains("trainer,total_training_steps,4,override"),
+        "{hp}"
+    );
+    assert!(hp.contains("rollout,n,8,config"), "{hp}");
+    assert!(hp.contains("default"), "{hp}");
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 4);
+
+    // The rollouts form a valid dataset.
+    let rollouts = out.join("rollouts").display().to_string();
+    let o = rlreplay(&["validate", &rollouts]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn bad_configs_are_refused_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run").display().to_string();
+    let config = preset();
+    let o = rlreplay(&[
+        "train",
+        "--config",
+        &config,
+        "--out",
+        &out,
+        "--set",
+        "rollout.bogus=1",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bogus"));
+}
+
+/// Metric lines without the wall-clock ones.
+fn metric_lines(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn stop_and_resume_equals_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = preset();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let (a_s, b_s) = (a.display().to_string(), b.display().to_string());
+    let mut straight = vec!["train", "--config", &config, "--out", &a_s];
+    straight.extend(SHORT);
+    assert!(rlreplay(&straight).status.success());
+    let mut first = vec![
+        "train",
+        "--config",
+        &config,
+        "--out",
+        &b_s,
+        "--stop-after",
+        "1",
+    ];
+    first.extend(SHORT);
+    assert!(rlreplay(&first).status.success());
+    let mut rest = vec!["train", "--out", &b_s, "--resume"];
+    rest.extend(SHORT);
+    let o = rlreplay(&rest);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(metric_lines(&a), metric_lines(&b));
+    let weights =
+        |run: &Path| std::fs::read(run.join("checkpoints/last/model.safetensors")).unwrap();
+    assert!(
+        weights(&a) == weights(&b),
+        "final weights differ after a resume"
+    );
+}
