@@ -180,3 +180,40 @@ fn stop_and_resume_equals_an_uninterrupted_run() {
         "final weights differ after a resume"
     );
 }
+
+#[test]
+fn kill_minus_nine_then_resume_finishes_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.display().to_string();
+    let config = preset();
+    let mut args = vec!["train", "--config", &config, "--out", &out_s];
+    args.extend(SHORT);
+    args.extend(["--set", "trainer.total_training_steps=8"]);
+    for delay_ms in [300u64, 900] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args(&args)
+            .args(if delay_ms > 300 {
+                &["--resume"][..]
+            } else {
+                &[][..]
+            })
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let _ = child.kill(); // SIGKILL
+        child.wait().unwrap();
+    }
+    let mut resume = args.clone();
+    resume.push("--resume");
+    let o = rlreplay(&resume);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained 8 steps"));
+    let steps: Vec<u64> = metric_lines(&out)
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=8).collect::<Vec<_>>());
+}
