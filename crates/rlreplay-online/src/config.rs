@@ -440,4 +440,21 @@ mod tests {
         assert!(e.to_string().contains("[rollout]"), "{e}");
         assert!(OnlineConfig::parse("", &["nodot=1".into()]).is_err());
     }
+
+    #[test]
+    fn presets_parse() {
+        let bio = OnlineConfig::parse(include_str!("../../../configs/rlsd-tr-biology.toml"), &[])
+            .unwrap();
+        assert!(bio.uses_teacher());
+        assert_eq!(bio.batch.train_batch_size, 32);
+        assert_eq!(bio.batch.ppo_mini_batch_size, Some(8));
+        assert_eq!(bio.rollout.n, 8);
+        assert_eq!(bio.validation.val_n, 16);
+        assert!(!bio.algorithm.norm_adv_by_std_in_grpo);
+        assert_eq!(bio.self_distillation.teacher_update_rate, 0.1);
+        assert_eq!(bio.algorithm.clip_high(), 0.28);
+        let toy =
+            OnlineConfig::parse(include_str!("../../../configs/toy-arith.toml"), &[]).unwrap();
+        assert_eq!(toy.data.task, "toy");
+    }
 }

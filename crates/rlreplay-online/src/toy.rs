@@ -311,6 +311,51 @@ mod tests {
     }
 
     #[test]
+    fn teacher_prompts_keep_the_assistant_header_when_cut() {
+        use crate::context::{build_contexts, encode_teacher_prompt, ContextConfig, ContextRow};
+        let dir = tempfile::tempdir().unwrap();
+        write_tokenizer(dir.path()).unwrap();
+        let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
+        let m = [Message::user("3+4=?")];
+        let long = format!("<think>hmm</think> {}\\boxed{{7}}", "x".repeat(200));
+        let rows = [
+            ContextRow {
+                uid: "g",
+                messages: &m,
+                response_text: &long,
+                score: 1.0,
+                feedback: None,
+                ground_truth: Some("7"),
+            },
+            ContextRow {
+                uid: "g",
+                messages: &m,
+                response_text: "\\boxed{8}",
+                score: 0.0,
+                feedback: None,
+                ground_truth: Some("7"),
+            },
+        ];
+        let cfg = ContextConfig {
+            max_reprompt_len: 120,
+            ..Default::default()
+        };
+        let c = build_contexts(&rows, &cfg).unwrap();
+        let p = encode_teacher_prompt(&c[1], &cfg, &tok).unwrap();
+        assert!(p.truncated && p.ids.len() <= 120);
+        let text = tok.decode(&p.ids, false).unwrap();
+        assert!(
+            text.starts_with("<|im_start|>user\n3+4=?\nCorrect solution:\n\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\\boxed{7}\n\nCorrectly solve the original question.<|im_end|>\n<|im_start|>assistant\n"),
+            "{text}"
+        );
+        assert!(!text.contains("<think>"));
+    }
+
+    #[test]
     fn model_config_matches_the_vocabulary() {
         let cfg = ToyModel::default().config();
         assert_eq!(cfg.vocab_size, vocab().len());
