@@ -929,6 +929,8 @@ impl Trainer {
             );
         }
         metrics.insert("train/skipped_updates".into(), skipped as f64);
+        // The column name of the run directory's training_scores.csv.
+        metrics.insert("train/skipped_steps".into(), skipped as f64);
         Ok(metrics)
     }
 }
