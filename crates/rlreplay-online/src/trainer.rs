@@ -306,14 +306,8 @@ impl Trainer {
             Some(p) => AdamW::load(&p, &policy)?,
             None => AdamW::new(&policy, adamw),
         };
-        let updates_per_step = {
-            let mb = cfg
-                .batch
-                .ppo_mini_batch_size
-                .unwrap_or(cfg.batch.train_batch_size);
-            cfg.batch.train_batch_size.div_ceil(mb.max(1)) as u64 * u64::from(cfg.batch.ppo_epochs)
-        };
-        let total = cfg.trainer.total_training_steps * updates_per_step;
+        // The schedule advances once per RL step (after its mini-batches), as verl's actor does.
+        let total = cfg.trainer.total_training_steps;
         let lr = match o.lr_schedule {
             LrScheduleKind::Constant => LrSchedule::Constant { lr: o.lr },
             LrScheduleKind::Warmup => LrSchedule::Warmup {
@@ -694,6 +688,7 @@ impl Trainer {
             None
         };
 
+        let applied_before = self.state.optimizer_steps;
         let update = self.update(
             &batch,
             teacher_prompts
@@ -702,10 +697,13 @@ impl Trainer {
             step,
         )?;
         metrics.extend(update);
+        // The EMA teacher follows the student after a step that applied at least one update.
         if let (Some(t), TeacherRegularization::Ema) =
             (&self.teacher, cfg.self_distillation.teacher_regularization)
         {
-            ema_update(t, &self.policy, cfg.self_distillation.teacher_update_rate)?;
+            if self.state.optimizer_steps > applied_before {
+                ema_update(t, &self.policy, cfg.self_distillation.teacher_update_rate)?;
+            }
         }
         self.state.sampler = sampler;
         self.state.global_step = step;
@@ -807,11 +805,10 @@ impl Trainer {
             .iter()
             .map(|&s| s >= cfg.self_distillation.context.success_reward_threshold)
             .collect();
-        let lr_base = self.state.optimizer_steps;
+        let lr = self.lr.lr_at(step - 1);
         let mut mb_metrics: Vec<Metrics> = Vec::new();
         let mut grad_norms = Vec::new();
         let mut skipped = 0u64;
-        let mut k = 0u64;
         for _epoch in 0..cfg.batch.ppo_epochs {
             for rows in &minibatches {
                 let tok = offsets[rows.start]..offsets[rows.end];
@@ -895,7 +892,6 @@ impl Trainer {
                     acc.add(&out.metrics, out.valid_tokens as f64);
                 }
                 if finite {
-                    let lr = self.lr.lr_at(lr_base + k);
                     let report = self.opt.step(&mut self.policy, lr)?;
                     grad_norms.push(report.grad_norm);
                     if report.skipped {
@@ -909,7 +905,6 @@ impl Trainer {
                     self.policy.zero_grad();
                     skipped += 1;
                 }
-                k += 1;
             }
         }
         self.state.skipped_updates += skipped;
