@@ -28,7 +28,7 @@ use rlreplay_model::generate::Decoder;
 use rlreplay_model::{
     micro_batches, AdamW, AdamWConfig, DType, Device, LrSchedule, Qwen3, SeqPair,
 };
-use rlreplay_reward::RewardDispatch;
+use rlreplay_reward::{RewardDispatch, RewardOutcome};
 use rlreplay_train::config::{Dtype, LrScheduleKind};
 use rlreplay_train::rundir::{latest_checkpoint, write_atomic, Metrics, RunDir, TRAINER_STATE};
 use serde::{Deserialize, Serialize};
@@ -596,15 +596,9 @@ impl Trainer {
             let item = &self.train[picks[g.prompt]].item;
             let text = self.chat.decode(&g.tokens, true)?;
             let gt = item.ground_truth.as_deref().unwrap_or("");
-            let outcome = self.rewards.score(&item.data_source, gt, &text);
-            let reward =
-                if outcome.error.is_some() || outcome.timed_out || !outcome.reward.is_finite() {
-                    errors += u64::from(outcome.error.is_some() || !outcome.reward.is_finite());
-                    timeouts += u64::from(outcome.timed_out);
-                    0.0
-                } else {
-                    outcome.reward
-                };
+            let (reward, failure) = reward_of(&self.rewards.score(&item.data_source, gt, &text));
+            errors += u64::from(failure == Some(RewardFailure::Error));
+            timeouts += u64::from(failure == Some(RewardFailure::Timeout));
             feedback.push(math_feedback(
                 reward >= cfg.self_distillation.context.success_reward_threshold,
                 text.contains("\\boxed{"),
@@ -930,6 +924,27 @@ impl Trainer {
     }
 }
 
+/// Why a reward could not be computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewardFailure {
+    /// The reward function failed (unparsable reference, non-finite value).
+    Error,
+    /// The reward function ran out of time.
+    Timeout,
+}
+
+/// The reward that enters training: the outcome's reward, or 0 with the reason when it errored,
+/// timed out or is not finite.
+pub fn reward_of(outcome: &RewardOutcome) -> (f64, Option<RewardFailure>) {
+    if outcome.timed_out {
+        (0.0, Some(RewardFailure::Timeout))
+    } else if outcome.error.is_some() || !outcome.reward.is_finite() {
+        (0.0, Some(RewardFailure::Error))
+    } else {
+        (outcome.reward, None)
+    }
+}
+
 /// `mean`, `max`, `min` of `xs` under `prefix/`.
 fn stats(m: &mut Metrics, prefix: &str, xs: &[f64]) {
     if xs.is_empty() {
@@ -1152,6 +1167,34 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_rewards_score_zero_and_are_classified() {
+        let ok = RewardOutcome {
+            reward: 1.0,
+            timed_out: false,
+            error: None,
+        };
+        assert_eq!(reward_of(&ok), (1.0, None));
+        let slow = RewardOutcome {
+            timed_out: true,
+            ..ok.clone()
+        };
+        assert_eq!(reward_of(&slow), (0.0, Some(RewardFailure::Timeout)));
+        let bad = RewardOutcome {
+            error: Some("no answer in the reference".into()),
+            ..ok.clone()
+        };
+        assert_eq!(reward_of(&bad), (0.0, Some(RewardFailure::Error)));
+        let nan = RewardOutcome {
+            reward: f64::NAN,
+            ..ok
+        };
+        assert_eq!(reward_of(&nan).1, Some(RewardFailure::Error));
+        // A reference the verifier cannot parse is an error, not a crash.
+        let d = RewardDispatch::default();
+        assert_eq!(reward_of(&d.score("toy", "", "\\boxed{3}")).0, 0.0);
+    }
 
     #[test]
     fn sampler_walks_epochs_deterministically() {
