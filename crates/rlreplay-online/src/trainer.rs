@@ -416,8 +416,9 @@ impl Trainer {
         }
     }
 
-    /// Validation mean@k: `val_n` samples per validation prompt, mean reward over all of them.
-    pub fn validate(&self, step: u64) -> Result<f64> {
+    /// Validation mean@k: `val_n` samples per validation prompt; the mean reward over all of
+    /// them, and per data source (failed rewards score 0).
+    pub fn validate(&self, step: u64) -> Result<(f64, BTreeMap<String, f64>)> {
         let v = &self.cfg.validation;
         let params = self.sampling(
             v.val_temperature,
@@ -434,22 +435,33 @@ impl Trainer {
             self.cfg.rollout.max_batch,
             |_| {},
         )?;
-        let mut sum = 0.0;
+        let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
         for g in &gens {
             let item = &self.val[g.prompt].item;
             let text = self.chat.decode(&g.tokens, true)?;
             let gt = item.ground_truth.as_deref().unwrap_or("");
-            sum += self.rewards.score(&item.data_source, gt, &text).reward;
+            let (r, _) = reward_of(&self.rewards.score(&item.data_source, gt, &text));
+            let e = sums.entry(item.data_source.clone()).or_default();
+            e.0 += r;
+            e.1 += 1;
         }
-        Ok(sum / gens.len().max(1) as f64)
+        let total: f64 = sums.values().map(|v| v.0).sum();
+        let per_source = sums
+            .into_iter()
+            .map(|(k, (s, n))| (k, s / n.max(1) as f64))
+            .collect();
+        Ok((total / gens.len().max(1) as f64, per_source))
     }
 
     /// Runs until `total_training_steps` (or `stop_after`); returns what happened.
     pub fn run(&mut self, stop_after: Option<u64>) -> Result<RunSummary> {
         let total = self.cfg.trainer.total_training_steps;
         let stop = stop_after.unwrap_or(total).min(total);
-        if self.state.global_step == 0 && self.cfg.validation.val_before_train {
-            let m = self.validate(0)?;
+        if self.state.global_step == 0
+            && self.cfg.validation.val_before_train
+            && !self.val.is_empty()
+        {
+            let (m, _) = self.validate(0)?;
             self.record_validation(0, m)?;
         }
         let mut last_metrics = Metrics::new();
@@ -457,9 +469,13 @@ impl Trainer {
             let step = self.state.global_step + 1;
             let mut metrics = self.step(step).with_context(|| format!("step {step}"))?;
             let freq = self.cfg.validation.test_freq;
-            if freq > 0 && (step.is_multiple_of(freq) || step == total) {
-                let m = self.validate(step)?;
+            if freq > 0 && !self.val.is_empty() && (step.is_multiple_of(freq) || step == total) {
+                let (m, per_source) = self.validate(step)?;
+                let k = self.cfg.validation.val_n;
                 metrics.insert("val-core/mean@k".into(), m);
+                for (source, v) in per_source {
+                    metrics.insert(format!("val-core/{source}/reward/mean@{k}"), v);
+                }
                 self.record_validation(step, m)?;
             }
             self.run.log_step(step, &metrics)?;
