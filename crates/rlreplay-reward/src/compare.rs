@@ -443,14 +443,63 @@ fn atom(e: &Expr) -> Option<(&Expr, bool)> {
     }
 }
 
+/// The entries of a matrix expression: a matrix, or sums and products of matrices.
+fn matrix_value(e: &Expr) -> Option<Vec<Vec<Expr>>> {
+    match e {
+        Expr::Matrix(m) => Some(m.clone()),
+        Expr::Add(v) if v.len() > 1 => {
+            let mut acc = matrix_value(&v[0])?;
+            for t in &v[1..] {
+                let m = matrix_value(t)?;
+                if m.len() != acc.len() || m.iter().zip(&acc).any(|(x, y)| x.len() != y.len()) {
+                    return None;
+                }
+                for (ra, rm) in acc.iter_mut().zip(m) {
+                    for (a, x) in ra.iter_mut().zip(rm) {
+                        *a = Expr::Add(vec![a.clone(), x]);
+                    }
+                }
+            }
+            Some(acc)
+        }
+        Expr::Mul(v) if v.len() > 1 => {
+            let mut acc = matrix_value(&v[0])?;
+            for t in &v[1..] {
+                let m = matrix_value(t)?;
+                let cols = m.first()?.len();
+                if acc.first()?.len() != m.len() {
+                    return None;
+                }
+                acc = acc
+                    .iter()
+                    .map(|row| {
+                        (0..cols)
+                            .map(|j| {
+                                Expr::Add(
+                                    row.iter()
+                                        .zip(&m)
+                                        .map(|(a, r)| Expr::Mul(vec![a.clone(), r[j].clone()]))
+                                        .collect(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .collect();
+            }
+            Some(acc)
+        }
+        _ => None,
+    }
+}
+
 fn round_to(x: f64, digits: i32) -> f64 {
     let s = 10f64.powi(digits);
     (x * s).round() / s
 }
 
 fn numeric_eq(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
-    if let (Expr::Matrix(g), Expr::Matrix(p)) = (gold, pred) {
-        if g.len() != p.len() || g.iter().zip(p).any(|(x, y)| x.len() != y.len()) {
+    if let (Some(g), Some(p)) = (matrix_value(gold), matrix_value(pred)) {
+        if g.len() != p.len() || g.iter().zip(&p).any(|(x, y)| x.len() != y.len()) {
             return Ok(false);
         }
         for (x, y) in g.iter().flatten().zip(p.iter().flatten()) {
