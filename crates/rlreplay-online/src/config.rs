@@ -58,6 +58,8 @@ pub struct ModelSection {
     pub path: Option<PathBuf>,
     /// Compute dtype.
     pub dtype: Dtype,
+    /// `cpu`, or `cuda` / `cuda:N` (needs a build with the `cuda` feature of the model crate).
+    pub device: String,
     /// Size of the random toy model (toy task without `path`).
     pub toy: ToyModel,
     /// Seed of the toy model's initialisation.
@@ -77,6 +79,7 @@ impl Default for ModelSection {
         Self {
             path: None,
             dtype: Dtype::F32,
+            device: "cpu".into(),
             toy: ToyModel::default(),
             init_seed: 0,
             warmup_steps: 0,
@@ -383,6 +386,21 @@ impl OnlineConfig {
         Ok(())
     }
 
+    /// The device named by `[model] device`.
+    pub fn device(&self) -> Result<rlreplay_model::Device> {
+        let d = self.model.device.trim();
+        let ordinal = match d {
+            "cpu" => return Ok(rlreplay_model::Device::Cpu),
+            "cuda" => 0,
+            _ => d
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .with_context(|| format!("[model] device = {d:?}: expected cpu, cuda or cuda:N"))?,
+        };
+        rlreplay_model::Device::new_cuda(ordinal)
+            .with_context(|| format!("[model] device = {d:?}: no such CUDA device in this build"))
+    }
+
     /// The resolved configuration as TOML text.
     pub fn to_toml(&self) -> Result<String> {
         Ok(toml::to_string_pretty(self)?)
@@ -439,6 +457,9 @@ mod tests {
         let e = OnlineConfig::parse("", &["rollout.n=0".into()]).unwrap_err();
         assert!(e.to_string().contains("[rollout]"), "{e}");
         assert!(OnlineConfig::parse("", &["nodot=1".into()]).is_err());
+        assert!(matches!(cfg.device().unwrap(), rlreplay_model::Device::Cpu));
+        let gpu = OnlineConfig::parse("", &["model.device=\"gpu\"".into()]).unwrap();
+        assert!(gpu.device().unwrap_err().to_string().contains("cuda:N"));
     }
 
     #[test]

@@ -217,10 +217,10 @@ impl Trainer {
         fs::create_dir_all(out.join("results"))
             .with_context(|| format!("cannot create run directory {}", out.display()))?;
         let dtype = compute_dtype(cfg.model.dtype);
-        let device = Device::Cpu;
-        let initial = match (&cfg.model.path, cfg.data.task.as_str()) {
-            (Some(p), _) => p.clone(),
-            (None, _) => {
+        let device = cfg.device()?;
+        let initial = match &cfg.model.path {
+            Some(p) => p.clone(),
+            None => {
                 let dir = out.join("initial");
                 if !dir.join("model.safetensors").is_file() {
                     make_toy_model(&cfg, &dir)?;
