@@ -663,7 +663,10 @@ impl Trainer {
                     }
                 })
                 .collect();
-            let sd = &cfg.self_distillation.context;
+            // The teacher's chat template follows the data's thinking switch unless set apart.
+            let mut sd_cfg = cfg.self_distillation.context.clone();
+            sd_cfg.enable_thinking = sd_cfg.enable_thinking.or(cfg.data.enable_thinking);
+            let sd = &sd_cfg;
             let contexts = build_contexts(&rows, sd)?;
             metrics.extend(context_metrics(&contexts));
             let mut dropped = 0usize;
