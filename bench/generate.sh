@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sampling throughput: rlreplay's batched KV-cache sampler against transformers' `generate` on the
+# same random Qwen3 model (4 layers, hidden 256, vocab 8192), same batch, prompt length, number of
+# new tokens, sampling settings (temperature 1, top-p 0.95, no stop ids) and thread count.
+# Prints both results and the ratio rlreplay / transformers.
+#
+# Usage: bench/generate.sh [batch=16] [prompt_len=32] [new_tokens=128] [threads=2]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+batch=${1:-16}; prompt_len=${2:-32}; new_tokens=${3:-128}; threads=${4:-2}
+py="$root/.venv/torch/bin/python"
+[ -x "$py" ] || { echo "missing $py (scripts/setup-venv.sh torch torch transformers safetensors)" >&2; exit 1; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cd "$root"
+cargo build --release -q -p rlreplay-eval --example generate_bench
+ours=$(RAYON_NUM_THREADS=$threads "$root/target/release/examples/generate_bench" "$dir/model" "$batch" "$prompt_len" "$new_tokens")
+theirs=$("$py" "$root/bench/generate_hf.py" "$dir/model" "$batch" "$prompt_len" "$new_tokens" "$threads")
+echo "$ours"
+echo "$theirs"
+python3 -c "
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(f\"ratio rlreplay/transformers tokens/s: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x\")
+" "$ours" "$theirs"
