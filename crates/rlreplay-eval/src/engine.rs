@@ -115,7 +115,7 @@ pub fn generate(
                     let mut seq = Running {
                         id,
                         prompt_len: prompts[p].len(),
-                        cache: cache.clone(),
+                        cache: cache.fork()?,
                         rng: params.rng_for(id as u64),
                         tokens: Vec::new(),
                         logprobs: Vec::new(),

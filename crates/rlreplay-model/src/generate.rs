@@ -38,12 +38,17 @@ pub struct Decoder {
     inv_freq: Vec<f64>,
 }
 
-/// The key/value cache of one sequence: per layer `[Hkv, L, D]` keys and values.
-#[derive(Clone, Default)]
+/// The key/value cache of one sequence: per layer `[Hkv, capacity, D]` key and value buffers, of
+/// which the first `len` positions are filled; appends write in place and grow the buffers
+/// geometrically.
+#[derive(Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
     len: usize,
 }
+
+/// Smallest buffer capacity, in positions.
+const MIN_CAPACITY: usize = 64;
 
 impl KvCache {
     /// Number of cached positions (tokens fed so far).
@@ -54,6 +59,57 @@ impl KvCache {
     /// Whether no token has been fed yet.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// An independent copy (for sequences that continue the same prefix).
+    pub fn fork(&self) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                Some((k, v)) => Ok(Some((k.copy()?, v.copy()?))),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            len: self.len,
+        })
+    }
+
+    /// Appends `[Hkv, n, D]` keys and values to layer `l` (positions `len..len + n`) and returns
+    /// views of the `len + n` cached positions.
+    fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let n = k.dim(1)?;
+        let total = self.len + n;
+        let (mut kb, mut vb) = match self.layers[l].take() {
+            Some(bufs) => bufs,
+            None => {
+                let (h, _, d) = k.dims3()?;
+                let cap = total.max(MIN_CAPACITY);
+                (
+                    Tensor::zeros((h, cap, d), k.dtype(), k.device())?,
+                    Tensor::zeros((h, cap, d), v.dtype(), v.device())?,
+                )
+            }
+        };
+        let cap = kb.dim(1)?;
+        if total > cap {
+            let (h, _, d) = kb.dims3()?;
+            let new_cap = total.max(2 * cap);
+            let grow = |old: &Tensor| -> Result<Tensor> {
+                let t = Tensor::zeros((h, new_cap, d), old.dtype(), old.device())?;
+                t.slice_set(&old.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+                Ok(t)
+            };
+            kb = grow(&kb)?;
+            vb = grow(&vb)?;
+        }
+        kb.slice_set(k, 1, self.len)?;
+        vb.slice_set(v, 1, self.len)?;
+        let views = (kb.narrow(1, 0, total)?, vb.narrow(1, 0, total)?);
+        self.layers[l] = Some((kb, vb));
+        Ok(views)
     }
 }
 
@@ -218,10 +274,7 @@ impl Decoder {
                 // [n, H, D] -> [H, n, D]
                 let ks = k.narrow(0, start, n)?.transpose(0, 1)?.contiguous()?;
                 let vs = v.narrow(0, start, n)?.transpose(0, 1)?.contiguous()?;
-                let (kc, vc) = match cache.layers[l].take() {
-                    Some((kc, vc)) => (Tensor::cat(&[&kc, &ks], 1)?, Tensor::cat(&[&vc, &vs], 1)?),
-                    None => (ks, vs),
-                };
+                let (kc, vc) = cache.append(l, &ks, &vs)?;
                 let total = kc.dim(1)?;
                 // Query heads of one KV head are adjacent: [n, Hq, D] -> [Hkv, group * n, D].
                 let qs = q
@@ -256,7 +309,6 @@ impl Decoder {
                     .transpose(0, 1)?
                     .reshape((n, hq * d))?;
                 outs.push(o);
-                cache.layers[l] = Some((kc, vc));
             }
             let a = Tensor::cat(&outs, 0)?;
             x = (x + linear(&a, &w.o_proj)?)?;
@@ -335,6 +387,38 @@ mod tests {
         }
         assert_eq!(caches[0].len(), 5 + 2);
         assert_eq!(caches[1].len(), 2 + 3);
+    }
+
+    #[test]
+    fn cache_growth_and_forks_keep_the_logprobs() {
+        let model = Qwen3::new_random(Qwen3Config::tiny(), 4, DType::F32, &Device::Cpu).unwrap();
+        let dec = Decoder::new(&model).unwrap();
+        let prompt: Vec<u32> = (0..50).map(|i| (i * 7 % 500) as u32).collect();
+        let response: Vec<u32> = (0..100).map(|i| (i * 13 % 500) as u32).collect();
+        let mut base = dec.new_cache();
+        let first = dec.forward(&mut [&mut base], &[&prompt]).unwrap();
+        // A fork continues independently of the original.
+        let mut fork = base.fork().unwrap();
+        dec.forward(&mut [&mut base], &[&[3, 4, 5]]).unwrap();
+        let mut got = vec![log_softmax_at(
+            &first.to_vec2::<f32>().unwrap()[0],
+            response[0] as usize,
+        )];
+        for t in 0..response.len() - 1 {
+            let row = dec.forward(&mut [&mut fork], &[&response[t..=t]]).unwrap();
+            got.push(log_softmax_at(
+                &row.to_vec2::<f32>().unwrap()[0],
+                response[t + 1] as usize,
+            ));
+        }
+        assert_eq!(fork.len(), 149);
+        let want = model
+            .logprobs(&[SeqPair::new(&prompt, &response)], 1.0, false)
+            .unwrap()
+            .logprobs;
+        for (a, b) in got.iter().zip(&want[0]) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
     }
 
     #[test]
