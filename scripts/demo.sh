@@ -11,7 +11,7 @@ DEMO=${1:-/tmp/rlreplay-demo}
 cargo build --release --quiet -p rlreplay-cli
 BIN=target/release/rlreplay
 rm -rf "$DEMO"
-"$BIN" synth --out "$DEMO/dataset" --steps 24 --prompts 16 --group 8 --vocab 512 \
+"$BIN" synth --out "$DEMO/dataset" --steps 40 --prompts 16 --group 8 --vocab 512 \
   --mean-len 40 --max-len 96 --prompt-len 16 --eos 1 --pattern-len 4 --seed 0 >/dev/null
 "$BIN" replay --config configs/demo.toml --set data.path="$DEMO/dataset" --out "$DEMO/run"
 echo
