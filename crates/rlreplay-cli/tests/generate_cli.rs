@@ -91,9 +91,9 @@ fn generate_writes_a_scored_shard_with_matching_logprobs() {
         .map(|i| SeqPair::new(b.prompt(i), b.response(i)))
         .collect();
     let want = model.logprobs(&pairs, 0.7, false).unwrap().logprobs;
-    for i in 0..b.len() {
+    for (i, want_row) in want.iter().enumerate() {
         assert!(!b.response(i).is_empty() && b.response(i).len() <= 6);
-        for (a, w) in b.log_probs(i).iter().zip(&want[i]) {
+        for (a, w) in b.log_probs(i).iter().zip(want_row) {
             assert!((f64::from(*a) - w).abs() < 1e-4, "row {i}: {a} vs {w}");
         }
     }
