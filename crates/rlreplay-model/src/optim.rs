@@ -1,6 +1,6 @@
 //! AdamW with torch semantics, global grad-norm clipping and verl's learning-rate schedules.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use candle_core::safetensors::MmapedSafetensors;
@@ -69,7 +69,7 @@ pub struct AdamW {
 #[derive(Serialize, Deserialize)]
 struct StateMeta {
     config: AdamWConfig,
-    steps: HashMap<String, u64>,
+    steps: BTreeMap<String, u64>,
 }
 
 impl AdamW {
@@ -167,7 +167,7 @@ impl AdamW {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
-        let mut steps = HashMap::new();
+        let mut steps = BTreeMap::new();
         for (name, st) in self.names.iter().zip(&self.state) {
             if let Some(st) = st {
                 tensors.push((format!("exp_avg.{name}"), st.exp_avg.clone()));

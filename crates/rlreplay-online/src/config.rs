@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use rlreplay_algo::{AlgoConfig, LossMode};
-use rlreplay_train::config::{Dtype, OptimSection};
+use rlreplay_train::config::{apply_override, Dtype, OptimSection};
 use serde::{Deserialize, Serialize};
 
 use crate::context::ContextConfig;
@@ -405,31 +405,6 @@ impl OnlineConfig {
     pub fn to_toml(&self) -> Result<String> {
         Ok(toml::to_string_pretty(self)?)
     }
-}
-
-fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<()> {
-    let (key, raw) = spec
-        .split_once('=')
-        .with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
-    let parts: Vec<&str> = key.trim().split('.').collect();
-    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
-        bail!("--set {spec:?}: expected section.key=value");
-    }
-    let raw = raw.trim();
-    let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    let mut table = doc;
-    for p in &parts[..parts.len() - 1] {
-        table = table
-            .entry(p.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-            .as_table_mut()
-            .with_context(|| format!("--set {spec:?}: {p} is not a section"))?;
-    }
-    table.insert(parts[parts.len() - 1].to_string(), value);
-    Ok(())
 }
 
 #[cfg(test)]

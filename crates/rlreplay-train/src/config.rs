@@ -511,7 +511,9 @@ pub fn parse_steps(s: &str) -> Result<StepRange> {
     s.parse().map_err(anyhow::Error::msg)
 }
 
-fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<()> {
+/// Applies one `--set section.key=value` override to a TOML document. The value is parsed as TOML;
+/// text that is not TOML is taken as a string.
+pub fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<()> {
     let (key, raw) = spec
         .split_once('=')
         .with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
