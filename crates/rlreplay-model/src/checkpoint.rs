@@ -15,7 +15,7 @@ use crate::{Error, Qwen3, Qwen3Config, Result};
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
 /// Tokenizer and chat-template files copied from the source directory on save.
-const TOKENIZER_FILES: [&str; 8] = [
+pub const TOKENIZER_FILES: [&str; 8] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "vocab.json",

@@ -18,7 +18,7 @@ mod optim;
 mod pack;
 
 pub use candle_core::{DType, Device};
-pub use checkpoint::SaveOptions;
+pub use checkpoint::{SaveOptions, TOKENIZER_FILES};
 pub use config::Qwen3Config;
 pub use model::{Param, Qwen3, TokenLogProbs};
 pub use optim::{AdamW, AdamWConfig, LrSchedule, StepReport};

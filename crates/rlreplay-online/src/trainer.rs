@@ -25,12 +25,14 @@ use rlreplay_eval::dataset::{read_prompts, PromptItem};
 use rlreplay_eval::engine::{generate, Generation};
 use rlreplay_eval::sampling::SamplingParams;
 use rlreplay_model::generate::Decoder;
+use rlreplay_model::TOKENIZER_FILES;
 use rlreplay_model::{
     micro_batches, AdamW, AdamWConfig, DType, Device, LrSchedule, Qwen3, SeqPair,
 };
 use rlreplay_reward::{RewardDispatch, RewardOutcome};
 use rlreplay_train::config::{Dtype, LrScheduleKind};
 use rlreplay_train::rundir::{latest_checkpoint, write_atomic, Metrics, RunDir, TRAINER_STATE};
+use rlreplay_train::trainer::OPTIMIZER_STATE;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{OnlineConfig, TeacherRegularization};
@@ -42,20 +44,8 @@ use crate::teacher::ema_update;
 use crate::teacher_lp::teacher_logprobs;
 use crate::toy;
 
-/// File of the optimizer state inside a checkpoint.
-const OPTIMIZER_STATE: &str = "optimizer.safetensors";
 /// Directory of the EMA teacher inside a checkpoint.
 const EMA_TEACHER: &str = "ema_teacher";
-/// Tokenizer and chat-template files that travel with every saved model.
-const TOKENIZER_FILES: [&str; 7] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-];
 /// Files of a Hugging Face model directory copied to the run root for the best checkpoint.
 const HF_FILES: [&str; 5] = [
     "config.json",
