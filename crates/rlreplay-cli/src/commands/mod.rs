@@ -11,3 +11,37 @@ pub mod synth;
 pub mod train;
 pub mod validate;
 pub mod verify;
+
+/// Arguments shared by the training commands (`replay`, `train`).
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Run configuration (TOML). With --resume it may be left out: the run directory's
+    /// config.toml is used.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Run directory (overrides the configuration's run directory).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+    /// Override one configuration key, e.g. `--set optim.lr=1e-5` (repeatable; values are TOML).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Continue from the run directory's latest complete checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this trainer step (a checkpoint is written); continue later with --resume.
+    #[arg(long, value_name = "STEP")]
+    pub stop_after: Option<u64>,
+}
+
+impl RunArgs {
+    /// The configuration file: `--config`, or the run directory's saved one when resuming.
+    pub fn config_path(&self) -> anyhow::Result<std::path::PathBuf> {
+        match (&self.config, &self.out) {
+            (Some(c), _) => Ok(c.clone()),
+            (None, Some(out)) if self.resume => Ok(out.join("config.toml")),
+            _ => anyhow::bail!(
+                "--config is required (it may be left out only with --resume and --out)"
+            ),
+        }
+    }
+}

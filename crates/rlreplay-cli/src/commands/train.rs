@@ -1,6 +1,5 @@
 //! `rlreplay train`: online RL (generate, score, update), including RLSD_TR.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -10,37 +9,18 @@ use rlreplay_online::trainer::{run as run_online, Provenance, RunOptions};
 /// Arguments of `rlreplay train`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run configuration (TOML). With --resume it may be left out: the run directory's
-    /// config.toml is used.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Run directory (overrides `[trainer] dir`).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Override one configuration key, e.g. `--set optim.lr=1e-5` (repeatable; values are TOML).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
-    /// Continue from the run directory's latest complete checkpoint (weights, optimizer, prompt
-    /// sampler position).
-    #[arg(long)]
-    resume: bool,
-    /// Stop after this step (a checkpoint is written); continue later with --resume.
-    #[arg(long, value_name = "STEP")]
-    stop_after: Option<u64>,
+    #[command(flatten)]
+    run: super::RunArgs,
 }
 
 /// Runs `rlreplay train`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_path = match (&args.config, &args.out) {
-        (Some(c), _) => c.clone(),
-        (None, Some(out)) if args.resume => out.join("config.toml"),
-        _ => bail!("--config is required (it may be left out only with --resume and --out)"),
-    };
+    let config_path = args.run.config_path()?;
     let text = std::fs::read_to_string(&config_path)
         .with_context(|| format!("cannot read config {}", config_path.display()))?;
-    let config = OnlineConfig::parse(&text, &args.set)
+    let config = OnlineConfig::parse(&text, &args.run.set)
         .with_context(|| format!("in config {}", config_path.display()))?;
-    let out = match (&args.out, &config.trainer.dir) {
+    let out = match (&args.run.out, &config.trainer.dir) {
         (Some(o), _) => o.clone(),
         (None, Some(d)) => d.clone(),
         (None, None) => bail!("no run directory: pass --out or set [trainer] dir"),
@@ -49,11 +29,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         config,
         provenance: Provenance {
             file: Some((config_path, text)),
-            overrides: args.set.clone(),
+            overrides: args.run.set.clone(),
         },
         out: out.clone(),
-        resume: args.resume,
-        stop_after: args.stop_after,
+        resume: args.run.resume,
+        stop_after: args.run.stop_after,
     };
     let summary =
         run_online(&opts).with_context(|| format!("online training into {}", out.display()))?;
