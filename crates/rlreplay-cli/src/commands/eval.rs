@@ -6,13 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use rlreplay_eval::dataset::read_prompts;
-use rlreplay_eval::engine::generate;
 use rlreplay_eval::metrics::{evaluate, PromptSamples};
 use rlreplay_eval::pipeline::score_generations;
 use rlreplay_eval::report;
 use serde_json::json;
 
-use super::generate::{progress_bar, SamplingArgs};
+use super::generate::SamplingArgs;
 
 /// Arguments of `rlreplay eval`.
 #[derive(clap::Args)]
@@ -53,18 +52,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let scorer = args.sampling.scorer()?;
-    let policy = args.sampling.policy()?;
-    let encoded = policy.encode(&items, args.sampling.chat_options())?;
-    let bar = progress_bar(items.len() * args.n, "eval");
-    let gens = generate(
-        &policy.decoder,
-        &encoded,
-        args.n,
-        &params,
-        args.sampling.batch,
-        |_| bar.inc(1),
-    )?;
-    bar.finish_and_clear();
+    let sampled = args.sampling.sample(&items, args.n, &params, "eval")?;
+    let (policy, gens) = (sampled.policy, sampled.gens);
     let samples = score_generations(&policy.chat, &items, gens, Some(&scorer))?;
     let per_prompt: Vec<PromptSamples<_>> = samples
         .chunks(args.n)

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_eval::chat::ChatOptions;
-use rlreplay_eval::dataset::read_prompts;
-use rlreplay_eval::engine::generate;
+use rlreplay_eval::dataset::{read_prompts, PromptItem};
+use rlreplay_eval::engine::{generate, Generation};
 use rlreplay_eval::pipeline::{score_generations, Policy};
 use rlreplay_eval::sampling::{SamplingParams, QWEN3_STOP_IDS};
 use rlreplay_eval::scoring::Scorer;
@@ -88,14 +88,42 @@ impl SamplingArgs {
         Ok(Scorer { dispatch })
     }
 
-    /// Loads the policy.
-    pub fn policy(&self) -> Result<Policy> {
-        Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype)
+    /// Loads the policy, encodes the prompts and samples `n` completions of every prompt, with a
+    /// progress bar labelled `what`; generations come back prompt-major.
+    pub fn sample(
+        &self,
+        items: &[PromptItem],
+        n: usize,
+        params: &SamplingParams,
+        what: &str,
+    ) -> Result<Sampled> {
+        let policy = Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype)?;
+        let encoded = policy.encode(items, self.chat_options())?;
+        let bar = progress_bar(items.len() * n, what);
+        let gens = generate(&policy.decoder, &encoded, n, params, self.batch, |_| {
+            bar.inc(1)
+        })?;
+        bar.finish_and_clear();
+        Ok(Sampled {
+            policy,
+            encoded,
+            gens,
+        })
     }
 }
 
+/// What [`SamplingArgs::sample`] returns.
+pub struct Sampled {
+    /// The loaded policy.
+    pub policy: Policy,
+    /// The chat-templated prompt ids, one per prompt.
+    pub encoded: Vec<Vec<u32>>,
+    /// The completions, prompt-major.
+    pub gens: Vec<Generation>,
+}
+
 /// A progress bar over `total` completions on stderr.
-pub fn progress_bar(total: usize, what: &str) -> ProgressBar {
+fn progress_bar(total: usize, what: &str) -> ProgressBar {
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
         ProgressStyle::with_template(
@@ -141,18 +169,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let params = args.sampling.params(args.temperature, args.top_p);
     params.validate()?;
     let items = read_prompts(&args.prompts)?;
-    let policy = args.sampling.policy()?;
-    let encoded = policy.encode(&items, args.sampling.chat_options())?;
-    let bar = progress_bar(items.len() * args.n, "generate");
-    let gens = generate(
-        &policy.decoder,
-        &encoded,
-        args.n,
-        &params,
-        args.sampling.batch,
-        |_| bar.inc(1),
-    )?;
-    bar.finish_and_clear();
+    let Sampled {
+        policy,
+        encoded,
+        gens,
+    } = args.sampling.sample(&items, args.n, &params, "generate")?;
     let scorer = if args.no_reward {
         None
     } else {
