@@ -6,7 +6,10 @@
 //! - `small`: Qwen3 proportions with the full 151,936 vocabulary: hidden 256, MLP 768, 2 layers,
 //!   4/2 heads of 128, tied embeddings, 4 × 256 tokens;
 //! - `logprobs-rss`: log-probs of one 4096-token response through a 151,936 × 2560 lm_head, then
-//!   the peak resident memory of the process.
+//!   the peak resident memory of the process;
+//! - `recompute-rss [on|off]`: one forward+backward of a 4096-token sequence through 8 layers
+//!   (hidden 256, MLP 768, 4/2 heads of 64, vocab 8192) with per-layer activation recompute on or
+//!   off, then the time and the peak resident memory of the process (run each in its own process).
 
 use candle_core::{DType, Device, Tensor};
 use rlreplay_model::{ops, Qwen3, Qwen3Config, SeqPair};
@@ -122,6 +125,37 @@ fn logprobs_rss() -> anyhow::Result<()> {
     Ok(())
 }
 
+fn recompute_rss(on: bool) -> anyhow::Result<()> {
+    let cfg = Qwen3Config {
+        vocab_size: 8192,
+        hidden_size: 256,
+        intermediate_size: 768,
+        num_hidden_layers: 8,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        ..Qwen3Config::tiny()
+    };
+    let (vocab, n) = (cfg.vocab_size, 4096);
+    let mut model = Qwen3::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
+    model.set_activation_recompute(on);
+    let ids = token_ids(n, vocab, 3);
+    let pairs = [SeqPair::new(&ids[..1], &ids[1..])];
+    let grad = vec![1.0 / (n - 1) as f64; n - 1];
+    let before = peak_rss_mib();
+    let t0 = Instant::now();
+    model.forward_backward(&pairs, &grad, 1.0)?;
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "rlreplay fwd_bwd tokens={n} layers=8 hidden=256 recompute={on} threads={} \
+         secs={secs:.2} peak_rss_before_mib={before:.0} peak_rss_mib={:.0} grad_norm={:.6}",
+        rayon::current_num_threads(),
+        peak_rss_mib(),
+        model.grad_norm()?
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     // `cargo bench` appends `--bench`; ignore flags.
     let args: Vec<String> = std::env::args()
@@ -129,11 +163,24 @@ fn main() -> anyhow::Result<()> {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let mode = args.first().map_or("tiny", String::as_str);
-    let iters = args.get(1).map(|s| s.parse()).transpose()?;
+    let iters = |default| -> anyhow::Result<usize> {
+        Ok(args
+            .get(1)
+            .map(|s| s.parse())
+            .transpose()?
+            .unwrap_or(default))
+    };
     match mode {
-        "tiny" => bench_model("tiny", Qwen3Config::tiny(), iters.unwrap_or(5)),
-        "small" => bench_model("small", small_config(), iters.unwrap_or(2)),
+        "tiny" => bench_model("tiny", Qwen3Config::tiny(), iters(5)?),
+        "small" => bench_model("small", small_config(), iters(2)?),
         "logprobs-rss" => logprobs_rss(),
-        other => anyhow::bail!("unknown mode {other:?} (tiny, small, logprobs-rss)"),
+        "recompute-rss" => match args.get(1).map(String::as_str) {
+            Some("on") => recompute_rss(true),
+            Some("off") | None => recompute_rss(false),
+            Some(other) => anyhow::bail!("recompute-rss takes on or off, got {other:?}"),
+        },
+        other => anyhow::bail!(
+            "unknown mode {other:?} (tiny, small, logprobs-rss, recompute-rss [on|off])"
+        ),
     }
 }

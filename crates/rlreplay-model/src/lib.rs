@@ -5,13 +5,16 @@
 //! - [`Qwen3`]: the model with f32 (or f64) master weights; [`Qwen3::logprobs`] for per-token
 //!   log-probs of packed (prompt, response) pairs, [`Qwen3::forward_backward`] to accumulate the
 //!   gradients of a weighted sum of those log-probs; [`Qwen3::load`] / [`Qwen3::save_hf`] for
-//!   checkpoints in the Hugging Face layout.
+//!   checkpoints in the Hugging Face layout; [`Qwen3::set_activation_recompute`] trades a second
+//!   forward pass of the layers for activation memory in the backward pass.
+//! - [`mixed_logprobs`]: per-token log-probs under a weighted mixture of several models' logits.
 //! - [`AdamW`], [`LrSchedule`]: the optimizer (verl/torch semantics) and learning-rate schedules.
 #![warn(missing_docs)]
 
 mod checkpoint;
 mod config;
 pub mod generate;
+mod mixed;
 mod model;
 pub mod ops;
 mod optim;
@@ -20,6 +23,7 @@ mod pack;
 pub use candle_core::{DType, Device};
 pub use checkpoint::{SaveOptions, TOKENIZER_FILES};
 pub use config::Qwen3Config;
+pub use mixed::mixed_logprobs;
 pub use model::{Param, Qwen3, TokenLogProbs};
 pub use optim::{AdamW, AdamWConfig, LrSchedule, StepReport};
 pub use pack::{micro_batches, SeqPair};

@@ -65,6 +65,7 @@ pub struct Qwen3 {
     compute_dtype: DType,
     device: Device,
     source_dir: Option<PathBuf>,
+    recompute: bool,
 }
 
 /// The master dtype used for a compute dtype: f64 for f64, f32 otherwise.
@@ -147,6 +148,7 @@ impl Qwen3 {
             compute_dtype,
             device,
             source_dir,
+            recompute: false,
         })
     }
 
@@ -216,6 +218,21 @@ impl Qwen3 {
         &mut self.grads
     }
 
+    /// Turns per-layer activation recompute (gradient checkpointing) on or off; off by default.
+    /// When on, [`Qwen3::forward_backward`] runs the decoder layers without an autograd graph and
+    /// keeps only each layer's input; the backward pass then goes from the top layer down,
+    /// rebuilding one layer's graph at a time from its saved input. Peak memory drops from all
+    /// layers' activations to one layer's (plus the `[T, H]` layer inputs) at the cost of a second
+    /// forward pass of the layers; the gradients are the same.
+    pub fn set_activation_recompute(&mut self, on: bool) {
+        self.recompute = on;
+    }
+
+    /// Whether per-layer activation recompute is on (see [`Qwen3::set_activation_recompute`]).
+    pub fn activation_recompute(&self) -> bool {
+        self.recompute
+    }
+
     /// Clears the accumulated gradients.
     pub fn zero_grad(&mut self) {
         self.grads.iter_mut().for_each(|g| *g = None);
@@ -255,7 +272,9 @@ impl Qwen3 {
     /// Runs `pairs` forward with a graph and accumulates into the gradient buffers the gradient
     /// of `Σ g_t · ℓ_t`, where `ℓ_t` are the response-token log-probs and `g_t` =
     /// `grad_logprobs[t]` (all response tokens of all pairs, concatenated in order). Gradients add
-    /// up across calls (micro-batches) until [`Qwen3::zero_grad`]. Returns the log-probs.
+    /// up across calls (micro-batches) until [`Qwen3::zero_grad`]. Returns the log-probs. With
+    /// [`Qwen3::set_activation_recompute`] on, the layers' activations are recomputed during the
+    /// backward pass instead of being kept.
     pub fn forward_backward(
         &mut self,
         pairs: &[SeqPair<'_>],
@@ -282,11 +301,18 @@ impl Qwen3 {
         if packed.targets.is_empty() {
             return Ok(packed.split::<f64>(&[]));
         }
-        let (lp, _) = self.forward_logprobs(&packed, temperature, false, true)?;
-        let g = Tensor::new(grad_logprobs, &self.device)?.to_dtype(lp.dtype())?;
-        let mut store = (&lp * &g)?.sum_all()?.backward()?;
-        for (p, acc) in self.params.iter().zip(self.grads.iter_mut()) {
-            let grad = store.remove(p.var.as_tensor()).ok_or_else(|| {
+        let mut fresh = vec![None; self.params.len()];
+        let lp = if self.recompute {
+            self.backward_recompute(&packed, grad_logprobs, temperature, &mut fresh)?
+        } else {
+            let (lp, _) = self.forward_logprobs(&packed, temperature, false, true)?;
+            let g = Tensor::new(grad_logprobs, &self.device)?.to_dtype(lp.dtype())?;
+            let mut store = (&lp * &g)?.sum_all()?.backward()?;
+            self.collect_grads(&mut store, 0..self.params.len(), &mut fresh)?;
+            lp
+        };
+        for ((p, acc), grad) in self.params.iter().zip(self.grads.iter_mut()).zip(fresh) {
+            let grad = grad.ok_or_else(|| {
                 Error::Input(format!(
                     "parameter {} received no gradient (an op without backward in the graph)",
                     p.name
@@ -298,6 +324,97 @@ impl Qwen3 {
             });
         }
         Ok(packed.split(&to_f64_vec(&lp)?))
+    }
+
+    /// Moves the gradients of parameters `indices` from `store` into `out`, adding to what is
+    /// there; errors for a parameter without a gradient.
+    fn collect_grads(
+        &self,
+        store: &mut candle_core::backprop::GradStore,
+        indices: impl IntoIterator<Item = usize>,
+        out: &mut [Option<Tensor>],
+    ) -> Result<()> {
+        for i in indices {
+            let p = &self.params[i];
+            let grad = store.remove(p.var.as_tensor()).ok_or_else(|| {
+                Error::Input(format!(
+                    "parameter {} received no gradient (an op without backward in the graph)",
+                    p.name
+                ))
+            })?;
+            out[i] = Some(match out[i].take() {
+                Some(a) => (a + grad)?,
+                None => grad,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Qwen3::forward_backward`] with per-layer activation recompute: the gradients of
+    /// `Σ g_t · ℓ_t` go into `out` (indexed like the parameters); returns the log-probs `ℓ`.
+    fn backward_recompute(
+        &self,
+        packed: &Packed,
+        grad_logprobs: &[f64],
+        temperature: f64,
+        out: &mut [Option<Tensor>],
+    ) -> Result<Tensor> {
+        let n_layers = self.cfg.num_hidden_layers;
+        let (cos, sin) = self.rope_tables(&packed.positions)?;
+        let ctx = LayerCtx {
+            cos: &cos,
+            sin: &sin,
+            seq_offsets: &packed.seq_offsets,
+        };
+        // Forward without a graph, keeping each layer's input.
+        let mut inputs = Vec::with_capacity(n_layers);
+        let mut x = self.embed(packed, false)?;
+        for l in 0..n_layers {
+            let next = self.layer(l, &x, &ctx, false)?;
+            inputs.push(std::mem::replace(&mut x, next));
+        }
+        // Head: final norm and lm_head on the top hidden states as a leaf.
+        let top = Var::from_tensor(&x)?;
+        drop(x);
+        let hidden = self.final_hidden(top.as_tensor(), packed, true)?;
+        let (lp, _) = ops::token_logprobs(
+            &hidden,
+            &self.lm_head(true)?,
+            &packed.targets,
+            temperature,
+            false,
+        )?;
+        let g = Tensor::new(grad_logprobs, &self.device)?.to_dtype(lp.dtype())?;
+        let mut store = (&lp * &g)?.sum_all()?.backward()?;
+        let norm_idx = 1 + n_layers * LAYER_PARAMS.len();
+        let head_idx = if self.cfg.tie_word_embeddings {
+            0
+        } else {
+            self.params.len() - 1
+        };
+        self.collect_grads(&mut store, [norm_idx, head_idx], out)?;
+        let missing = |what: &str| Error::Input(format!("{what} received no gradient"));
+        let mut grad_x = store
+            .remove(top.as_tensor())
+            .ok_or_else(|| missing("the final hidden states"))?;
+        drop(store);
+        // Layers from the top: rebuild one layer's graph from its input, backprop grad_x.
+        for (l, input) in inputs.into_iter().enumerate().rev() {
+            let input = Var::from_tensor(&input)?;
+            let y = self.layer(l, input.as_tensor(), &ctx, true)?;
+            let mut store = (y * &grad_x)?.sum_all()?.backward()?;
+            let first = 1 + l * LAYER_PARAMS.len();
+            self.collect_grads(&mut store, first..first + LAYER_PARAMS.len(), out)?;
+            grad_x = store
+                .remove(input.as_tensor())
+                .ok_or_else(|| missing(&format!("the input of layer {l}")))?;
+        }
+        // Embedding lookup.
+        let mut store = (self.embed(packed, true)? * &grad_x)?
+            .sum_all()?
+            .backward()?;
+        self.collect_grads(&mut store, [0], out)?;
+        Ok(lp)
     }
 
     fn pack(&self, pairs: &[SeqPair<'_>]) -> Result<Packed> {
@@ -335,6 +452,75 @@ impl Qwen3 {
         Ok((cos, sin))
     }
 
+    /// The token embeddings of the packed input ids, `[T, H]`.
+    fn embed(&self, packed: &Packed, track: bool) -> Result<Tensor> {
+        let ids = Tensor::new(packed.ids.as_slice(), &self.device)?;
+        Ok(self.weight(0, track)?.index_select(&ids, 0)?)
+    }
+
+    /// Decoder layer `l` applied to the packed hidden states `x` (`[T, H]`).
+    fn layer(&self, l: usize, x: &Tensor, ctx: &LayerCtx<'_>, track: bool) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let t = x.dim(0)?;
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let eps = cfg.rms_norm_eps;
+        let linear = |x: &Tensor, w: &Tensor| x.matmul(&w.t()?);
+        let w = |j: usize| self.weight(1 + l * LAYER_PARAMS.len() + j, track);
+        let h = ops::rms_norm(x, &w(IN_NORM)?, eps)?;
+        let q = linear(&h, &w(Q_PROJ)?)?.reshape((t, hq, d))?;
+        let k = linear(&h, &w(K_PROJ)?)?.reshape((t, hkv, d))?;
+        let v = linear(&h, &w(V_PROJ)?)?.reshape((t, hkv, d))?;
+        let q = ops::rope(&ops::rms_norm(&q, &w(Q_NORM)?, eps)?, ctx.cos, ctx.sin)?;
+        let k = ops::rope(&ops::rms_norm(&k, &w(K_NORM)?, eps)?, ctx.cos, ctx.sin)?;
+        let a = ops::packed_causal_attention(&q, &k, &v, ctx.seq_offsets, 1.0 / (d as f64).sqrt())?;
+        let x = (x + linear(&a.reshape((t, hq * d))?, &w(O_PROJ)?)?)?;
+        let h = ops::rms_norm(&x, &w(POST_NORM)?, eps)?;
+        let m = ops::swiglu(&linear(&h, &w(GATE)?)?, &linear(&h, &w(UP)?)?)?;
+        Ok((&x + linear(&m, &w(DOWN)?)?)?)
+    }
+
+    /// The final norm of the rows of `x` (`[T, H]`) that predict the scored tokens: `[N, H]`.
+    fn final_hidden(&self, x: &Tensor, packed: &Packed, track: bool) -> Result<Tensor> {
+        let norm_idx = 1 + self.cfg.num_hidden_layers * LAYER_PARAMS.len();
+        let rows = Tensor::new(packed.rows.as_slice(), &self.device)?;
+        let hidden = x.index_select(&rows, 0)?;
+        Ok(ops::rms_norm(
+            &hidden,
+            &self.weight(norm_idx, track)?,
+            self.cfg.rms_norm_eps,
+        )?)
+    }
+
+    /// The lm_head matrix `[V, H]` in the compute dtype (the embedding when tied).
+    pub(crate) fn lm_head(&self, track: bool) -> Result<Tensor> {
+        let idx = if self.cfg.tie_word_embeddings {
+            0
+        } else {
+            self.params.len() - 1
+        };
+        self.weight(idx, track)
+    }
+
+    /// The final hidden states (after the final norm) of the positions that predict the scored
+    /// tokens of `packed`, `[N, H]` in the compute dtype, without an autograd graph.
+    pub(crate) fn scoring_hidden(&self, packed: &Packed) -> Result<Tensor> {
+        let (cos, sin) = self.rope_tables(&packed.positions)?;
+        let ctx = LayerCtx {
+            cos: &cos,
+            sin: &sin,
+            seq_offsets: &packed.seq_offsets,
+        };
+        let mut x = self.embed(packed, false)?;
+        for l in 0..self.cfg.num_hidden_layers {
+            x = self.layer(l, &x, &ctx, false)?;
+        }
+        self.final_hidden(&x, packed, false)
+    }
+
     /// The packed forward pass up to the response-token log-probs (and entropies).
     fn forward_logprobs(
         &self,
@@ -343,53 +529,32 @@ impl Qwen3 {
         entropy: bool,
         track: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let cfg = &self.cfg;
-        let t = packed.ids.len();
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let eps = cfg.rms_norm_eps;
-        let linear = |x: &Tensor, w: &Tensor| x.matmul(&w.t()?);
-        let embed = self.weight(0, track)?;
-        let ids = Tensor::new(packed.ids.as_slice(), &self.device)?;
-        let mut x = embed.index_select(&ids, 0)?;
         let (cos, sin) = self.rope_tables(&packed.positions)?;
-        for l in 0..cfg.num_hidden_layers {
-            let w = |j: usize| self.weight(1 + l * LAYER_PARAMS.len() + j, track);
-            let h = ops::rms_norm(&x, &w(IN_NORM)?, eps)?;
-            let q = linear(&h, &w(Q_PROJ)?)?.reshape((t, hq, d))?;
-            let k = linear(&h, &w(K_PROJ)?)?.reshape((t, hkv, d))?;
-            let v = linear(&h, &w(V_PROJ)?)?.reshape((t, hkv, d))?;
-            let q = ops::rope(&ops::rms_norm(&q, &w(Q_NORM)?, eps)?, &cos, &sin)?;
-            let k = ops::rope(&ops::rms_norm(&k, &w(K_NORM)?, eps)?, &cos, &sin)?;
-            let a = ops::packed_causal_attention(
-                &q,
-                &k,
-                &v,
-                &packed.seq_offsets,
-                1.0 / (d as f64).sqrt(),
-            )?;
-            x = (x + linear(&a.reshape((t, hq * d))?, &w(O_PROJ)?)?)?;
-            let h = ops::rms_norm(&x, &w(POST_NORM)?, eps)?;
-            let m = ops::swiglu(&linear(&h, &w(GATE)?)?, &linear(&h, &w(UP)?)?)?;
-            x = (x + linear(&m, &w(DOWN)?)?)?;
-        }
-        let n_params = self.params.len();
-        let norm_idx = 1 + cfg.num_hidden_layers * LAYER_PARAMS.len();
-        let rows = Tensor::new(packed.rows.as_slice(), &self.device)?;
-        let hidden = x.index_select(&rows, 0)?;
-        let hidden = ops::rms_norm(&hidden, &self.weight(norm_idx, track)?, eps)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed
-        } else {
-            self.weight(n_params - 1, track)?
+        let ctx = LayerCtx {
+            cos: &cos,
+            sin: &sin,
+            seq_offsets: &packed.seq_offsets,
         };
-        let (lp, ent) =
-            ops::token_logprobs(&hidden, &lm_head, &packed.targets, temperature, entropy)?;
-        Ok((lp, ent))
+        let mut x = self.embed(packed, track)?;
+        for l in 0..self.cfg.num_hidden_layers {
+            x = self.layer(l, &x, &ctx, track)?;
+        }
+        let hidden = self.final_hidden(&x, packed, track)?;
+        Ok(ops::token_logprobs(
+            &hidden,
+            &self.lm_head(track)?,
+            &packed.targets,
+            temperature,
+            entropy,
+        )?)
     }
+}
+
+/// Per-batch inputs every decoder layer shares: rotary tables and sequence boundaries.
+struct LayerCtx<'a> {
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    seq_offsets: &'a [usize],
 }
 
 impl std::fmt::Debug for Qwen3 {

@@ -2,7 +2,9 @@
 //! differences, packing, micro-batch accumulation, checkpoints and optimizer state.
 
 use candle_core::{Tensor, Var};
-use rlreplay_model::{AdamW, AdamWConfig, DType, Device, Qwen3, Qwen3Config, SaveOptions, SeqPair};
+use rlreplay_model::{
+    mixed_logprobs, AdamW, AdamWConfig, DType, Device, Qwen3, Qwen3Config, SaveOptions, SeqPair,
+};
 
 /// A very small configuration for finite differences: GQA 4:2, head_dim != hidden/heads.
 fn micro(tied: bool) -> Qwen3Config {
@@ -70,9 +72,11 @@ fn random_model(cfg: Qwen3Config, dtype: DType) -> Qwen3 {
 
 #[test]
 fn every_parameter_gets_a_nonzero_gradient() {
-    for tied in [true, false] {
+    for (tied, recompute) in [(true, false), (false, false), (true, true), (false, true)] {
         let b = batch(40);
         let mut model = random_model(micro(tied), DType::F32);
+        model.set_activation_recompute(recompute);
+        assert_eq!(model.activation_recompute(), recompute);
         let n: usize = b.iter().map(|(_, r)| r.len()).sum();
         model
             .forward_backward(&as_pairs(&b), &weights(n), 1.0)
@@ -85,7 +89,7 @@ fn every_parameter_gets_a_nonzero_gradient() {
             let max = flat(g).iter().fold(0.0f64, |m, x| m.max(x.abs()));
             assert!(
                 max > 0.0,
-                "{} (tied={tied}) has an all-zero gradient",
+                "{} (tied={tied}, recompute={recompute}) has an all-zero gradient",
                 p.name
             );
         }
@@ -479,4 +483,175 @@ fn optimizer_state_round_trips_and_skips_non_finite_steps() {
         e.contains("optim.safetensors") && e.contains("mlp.gate_proj.weight"),
         "{e}"
     );
+}
+
+/// The accumulated gradients of `model`, flattened, in parameter order.
+fn all_grads(model: &Qwen3) -> Vec<Vec<f64>> {
+    model
+        .grads()
+        .iter()
+        .map(|g| flat(g.as_ref().expect("every parameter has a gradient")))
+        .collect()
+}
+
+#[test]
+fn activation_recompute_gives_the_same_gradients() {
+    for tied in [true, false] {
+        let b = batch(40);
+        let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+        let w = weights(n);
+        let split = b[0].1.len();
+        let mut model = random_model(micro(tied), DType::F64);
+        let mut run = |recompute: bool| {
+            model.zero_grad();
+            model.set_activation_recompute(recompute);
+            let lp = model.forward_backward(&as_pairs(&b), &w, 0.7).unwrap();
+            let once = all_grads(&model);
+            // Two micro-batches accumulate into the same buffers.
+            model.zero_grad();
+            model
+                .forward_backward(&as_pairs(&b[..1]), &w[..split], 0.7)
+                .unwrap();
+            model
+                .forward_backward(&as_pairs(&b[1..]), &w[split..], 0.7)
+                .unwrap();
+            (lp, once, all_grads(&model))
+        };
+        let (lp_full, once_full, acc_full) = run(false);
+        let (lp_re, once_re, acc_re) = run(true);
+        assert_eq!(lp_full, lp_re, "tied={tied}: log-probs differ");
+        for (kind, full, re) in [
+            ("packed", &once_full, &once_re),
+            ("accumulated", &acc_full, &acc_re),
+        ] {
+            for ((p, a), b) in model.params().iter().zip(full).zip(re) {
+                let diff = a
+                    .iter()
+                    .zip(b)
+                    .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    diff < 1e-12,
+                    "{} (tied={tied}, {kind}): recompute gradient off by {diff:e}",
+                    p.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_activation_recompute_matches_full_graph() {
+    let b = batch(512);
+    let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+    let mut model = random_model(Qwen3Config::tiny(), DType::BF16);
+    model
+        .forward_backward(&as_pairs(&b), &weights(n), 1.0)
+        .unwrap();
+    let full = all_grads(&model);
+    model.zero_grad();
+    model.set_activation_recompute(true);
+    model
+        .forward_backward(&as_pairs(&b), &weights(n), 1.0)
+        .unwrap();
+    for ((p, a), g) in model.params().iter().zip(&full).zip(model.grads()) {
+        let g = g.as_ref().unwrap();
+        assert_eq!(g.dtype(), DType::F32, "{}", p.name);
+        let scale = a.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let diff = a
+            .iter()
+            .zip(flat(g))
+            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(diff <= 1e-6 * scale.max(1e-6), "{}: {diff:e}", p.name);
+    }
+}
+
+#[test]
+fn mixed_logprobs_of_one_model_equal_its_logprobs() {
+    let mut b = batch(512);
+    b.push((ids(9, 3, 512), vec![]));
+    let model = random_model(Qwen3Config::tiny(), DType::F64);
+    for temperature in [1.0, 0.7] {
+        let want = model.logprobs(&as_pairs(&b), temperature, false).unwrap();
+        let got = mixed_logprobs(&[(&model, 1.0)], &as_pairs(&b), temperature).unwrap();
+        assert_eq!(got.len(), b.len());
+        assert!(got[b.len() - 1].is_empty());
+        for (i, (g, w)) in got.iter().zip(&want.logprobs).enumerate() {
+            assert_eq!(g.len(), w.len());
+            for (x, y) in g.iter().zip(w) {
+                assert!(
+                    (x - y).abs() < 1e-10,
+                    "pair {i} (τ={temperature}): {x} vs {y}"
+                );
+            }
+        }
+    }
+}
+
+/// Hand-mixed reference: every model's log-probs of every vocabulary entry at every scored
+/// position (`log softmax(z_i)` differs from `z_i` by a per-position constant, which the mixture's
+/// softmax removes), mixed and normalised directly.
+fn hand_mixed(parts: &[(&Qwen3, f64)], b: &[(Vec<u32>, Vec<u32>)], tau: f64) -> Vec<Vec<f64>> {
+    let vocab = parts[0].0.config().vocab_size as u32;
+    b.iter()
+        .map(|(prompt, response)| {
+            (0..response.len())
+                .map(|t| {
+                    let ctx: Vec<u32> = prompt.iter().chain(&response[..t]).copied().collect();
+                    let next: Vec<[u32; 1]> = (0..vocab).map(|v| [v]).collect();
+                    let pairs: Vec<SeqPair<'_>> =
+                        next.iter().map(|v| SeqPair::new(&ctx, v)).collect();
+                    let mut z = vec![0.0f64; vocab as usize];
+                    for (m, w) in parts {
+                        let lp = m.logprobs(&pairs, 1.0, false).unwrap().logprobs;
+                        for (zv, l) in z.iter_mut().zip(lp) {
+                            *zv += w * l[0] / tau;
+                        }
+                    }
+                    let max = z.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
+                    let lse = max + z.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+                    z[response[t] as usize] - lse
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn mixed_logprobs_match_a_hand_mixed_reference() {
+    let b = batch(40);
+    let student = random_model(micro(true), DType::F64);
+    let teacher = Qwen3::new_random(micro(false), 11, DType::F64, &Device::Cpu).unwrap();
+    let parts = [(&student, 0.9), (&teacher, 0.1)];
+    let tau = 0.8;
+    let got = mixed_logprobs(&parts, &as_pairs(&b), tau).unwrap();
+    let want = hand_mixed(&parts, &b, tau);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(), w.len());
+        for (x, y) in g.iter().zip(w) {
+            assert!((x - y).abs() < 1e-10, "pair {i}: {x} vs {y}");
+        }
+    }
+    // The mixture is not either model alone.
+    let alone = student.logprobs(&as_pairs(&b), tau, false).unwrap();
+    assert!(got[0]
+        .iter()
+        .zip(&alone.logprobs[0])
+        .any(|(x, y)| (x - y).abs() > 1e-6));
+}
+
+#[test]
+fn mixed_logprobs_reject_bad_inputs() {
+    let a = random_model(micro(true), DType::F32);
+    let other = Qwen3::new_random(Qwen3Config::tiny(), 1, DType::F32, &Device::Cpu).unwrap();
+    let pairs = [SeqPair::new(&[1, 2], &[3])];
+    let err = |parts: &[(&Qwen3, f64)], tau: f64| {
+        mixed_logprobs(parts, &pairs, tau).unwrap_err().to_string()
+    };
+    assert!(err(&[], 1.0).contains("no models"));
+    let e = err(&[(&a, 0.5), (&other, 0.5)], 1.0);
+    assert!(e.contains("model 1 has a vocabulary of 512"), "{e}");
+    assert!(err(&[(&a, f64::NAN)], 1.0).contains("weight 0 is not finite"));
+    assert!(err(&[(&a, 1.0)], 0.0).contains("temperature"));
+    let e = mixed_logprobs(&[(&a, 1.0)], &[SeqPair::new(&[1], &[40])], 1.0).unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
 }
