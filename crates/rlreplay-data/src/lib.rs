@@ -9,6 +9,7 @@
 pub mod batch;
 pub mod dataset;
 pub mod hub;
+mod lists;
 pub mod read;
 pub mod report;
 pub mod stats;

@@ -1,12 +1,14 @@
 //! Reading one Parquet shard into a [`RolloutBatch`], with column aliases and validation.
 //!
-//! Columns are decoded straight from the Arrow buffers into the batch's flat vectors, one record
-//! batch of 256 rows at a time (memory stays near the size of the decoded shard). The response
-//! tokens, the log-probs and the remaining columns are decoded on separate threads.
+//! The token and log-prob list columns are decoded page by page straight into the batch's flat
+//! vectors (see `lists`), sized once from the footer; the small per-row columns go through Arrow
+//! record batches of 256 rows. Prompt ids with the per-row columns, response ids and log-probs are
+//! decoded on separate threads.
 
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Result;
 use arrow_array::cast::AsArray;
@@ -20,8 +22,10 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::ParquetMetaData;
 
 use crate::batch::RolloutBatch;
+use crate::lists::{read_float_lists, read_token_lists, ListLeaf, ListSource};
 use crate::report::{Issue, IssueKind, ValidationReport, DEFAULT_EOS};
 
 /// Accepted names of the prompt-token column, in order of preference.
@@ -259,7 +263,7 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
     let rows = usize::try_from(meta.metadata().file_metadata().num_rows())
         .map_err(|_| unreadable("negative row count in the footer".into()))?;
 
-    let meta_cols: Vec<&str> = [&cols.uid, &cols.score, &cols.prompt]
+    let meta_cols: Vec<&str> = [&cols.uid, &cols.score]
         .into_iter()
         .chain(&cols.data_source)
         .chain(&cols.ground_truth)
@@ -268,6 +272,15 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
         .chain(&cols.masks)
         .map(String::as_str)
         .collect();
+    let check_rows = |found: usize| {
+        if found == rows {
+            Ok(())
+        } else {
+            Err(unreadable(format!(
+                "footer promises {rows} rows, the data holds {found}"
+            )))
+        }
+    };
     let reader = |names: &[&str], f: &mut dyn FnMut(usize, &RecordBatch) -> Result<()>| {
         let schema = meta.schema();
         let indices = names.iter().filter_map(|n| schema.index_of(n).ok());
@@ -286,17 +299,24 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
             f(base, &batch)?;
             base += batch.num_rows();
         }
-        if base != rows {
-            return Err(unreadable(format!(
-                "footer promises {rows} rows, the data holds {base}"
-            )));
-        }
-        Ok(())
+        check_rows(base)
     };
-
+    let limit = opts.vocab.map_or(u64::from(u32::MAX) + 1, u64::from);
     // Capacities trust the footer only this far (a corrupted footer must not allocate wildly).
     let cap = rows.min(1 << 20);
+    // Token ids of a list column, with their offsets and row issues.
+    let read_tokens = |name: &str| -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
+        let src = list_source(path, meta.metadata(), name)?;
+        let mut toks = Vec::with_capacity(src.leaf.entries());
+        let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
+        offs.push(0);
+        read_token_lists(&src, limit, &mut toks, &mut offs, &mut issues).map_err(unreadable)?;
+        check_rows(offs.len() - 1)?;
+        Ok((toks, offs, issues))
+    };
+
     let read_meta = || -> Result<Decoded> {
+        let (prompt, prompt_offsets, prompt_issues) = read_tokens(&cols.prompt)?;
         let mut d = Decoded {
             rows,
             uids: Vec::with_capacity(cap),
@@ -305,8 +325,8 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
             ground_truth: Vec::with_capacity(cap),
             temperature: Vec::with_capacity(cap),
             top_p: Vec::with_capacity(cap),
-            prompt: Vec::with_capacity(leaf_entries(&meta, &cols.prompt)),
-            prompt_offsets: Vec::with_capacity(cap + 1),
+            prompt,
+            prompt_offsets,
             response: Vec::new(),
             response_offsets: Vec::new(),
             log_probs: Vec::new(),
@@ -319,7 +339,6 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
             issues: Vec::new(),
             names: Columns::default(),
         };
-        d.prompt_offsets.push(0);
         reader(&meta_cols, &mut |base, b| {
             let col = |n: &str| b.column_by_name(n).expect("projected column");
             strings(
@@ -337,16 +356,6 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
                 &cols.score,
                 col(&cols.score),
                 &mut d.scores,
-                &mut d.issues,
-            );
-            append_tokens(
-                path,
-                base,
-                &cols.prompt,
-                col(&cols.prompt),
-                opts.vocab,
-                &mut d.prompt,
-                &mut d.prompt_offsets,
                 &mut d.issues,
             );
             for (name, out) in [
@@ -372,45 +381,17 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
             }
             Ok(())
         })?;
+        d.issues.extend(prompt_issues);
         Ok(d)
     };
-    let read_response = || -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
-        let mut toks = Vec::with_capacity(leaf_entries(&meta, &cols.response));
-        let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
-        offs.push(0);
-        reader(&[cols.response.as_str()], &mut |base, b| {
-            let c = b.column(0);
-            append_tokens(
-                path,
-                base,
-                &cols.response,
-                c,
-                opts.vocab,
-                &mut toks,
-                &mut offs,
-                &mut issues,
-            );
-            Ok(())
-        })?;
-        Ok((toks, offs, issues))
-    };
+    let read_response = || read_tokens(&cols.response);
     let read_log_probs = || -> Result<(Vec<f32>, Vec<usize>, Vec<Issue>)> {
-        let mut vals = Vec::with_capacity(leaf_entries(&meta, &cols.log_probs));
+        let src = list_source(path, meta.metadata(), &cols.log_probs)?;
+        let mut vals = Vec::with_capacity(src.leaf.entries());
         let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
         offs.push(0);
-        reader(&[cols.log_probs.as_str()], &mut |base, b| {
-            let c = b.column(0);
-            append_floats(
-                path,
-                base,
-                &cols.log_probs,
-                c,
-                &mut vals,
-                &mut offs,
-                &mut issues,
-            );
-            Ok(())
-        })?;
+        read_float_lists(&src, &mut vals, &mut offs, &mut issues).map_err(unreadable)?;
+        check_rows(offs.len() - 1)?;
         Ok((vals, offs, issues))
     };
     let (meta_part, (resp, lps)) =
@@ -428,22 +409,23 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
     Ok(d)
 }
 
-/// Number of leaf entries of a list column (values plus one per empty or null list), from the
-/// footer: an upper bound of its values that sizes the output once.
-fn leaf_entries(meta: &ArrowReaderMetadata, name: &str) -> usize {
-    let md = meta.metadata();
-    let schema = md.file_metadata().schema_descr();
-    let Some(leaf) =
-        (0..schema.num_columns()).find(|&i| schema.column(i).path().parts()[0] == name)
-    else {
-        return 0;
-    };
-    md.row_groups()
-        .iter()
-        .map(|rg| usize::try_from(rg.column(leaf).num_values()).unwrap_or(0))
-        .sum::<usize>()
-        // A corrupted footer must not trigger a huge allocation.
-        .min(1 << 28)
+/// A list column of a shard, on a file handle of its own.
+fn list_source<'a>(
+    path: &'a Path,
+    meta: &'a ParquetMetaData,
+    name: &'a str,
+) -> Result<ListSource<'a>> {
+    let unreadable =
+        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+    let leaf = ListLeaf::find(meta, name).map_err(unreadable)?;
+    let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
+    Ok(ListSource {
+        path,
+        name,
+        file: Arc::new(file),
+        meta,
+        leaf,
+    })
 }
 
 /// Absolute value offsets (`len + 1`) and the values array of a list column.
@@ -464,184 +446,6 @@ fn list_bounds(c: &ArrayRef) -> Option<(Vec<usize>, &ArrayRef)> {
             ))
         }
         _ => None,
-    }
-}
-
-/// Appends each row's list of ids as u32; negative, oversized or out-of-vocabulary ids and nulls are
-/// row issues (the row gets placeholder zeros so offsets stay aligned).
-#[allow(clippy::too_many_arguments)]
-fn append_tokens(
-    path: &Path,
-    base: usize,
-    name: &str,
-    c: &ArrayRef,
-    vocab: Option<u32>,
-    out: &mut Vec<u32>,
-    offsets: &mut Vec<usize>,
-    issues: &mut Vec<Issue>,
-) {
-    let (bounds, values) = list_bounds(c).expect("type checked");
-    let limit = vocab.map_or(u32::MAX as u64 + 1, u64::from);
-    macro_rules! ints {
-        ($t:ty) => {{
-            let v = values.as_primitive::<$t>().values();
-            append_ints(
-                path,
-                base,
-                name,
-                c,
-                values,
-                &bounds,
-                &v[..],
-                limit,
-                out,
-                offsets,
-                issues,
-            )
-        }};
-    }
-    match values.data_type() {
-        DataType::Int32 => ints!(Int32Type),
-        DataType::Int64 => ints!(Int64Type),
-        DataType::UInt32 => ints!(UInt32Type),
-        DataType::UInt64 => ints!(UInt64Type),
-        DataType::Int16 => ints!(Int16Type),
-        DataType::Int8 => ints!(Int8Type),
-        DataType::UInt16 => ints!(UInt16Type),
-        DataType::UInt8 => ints!(UInt8Type),
-        t => unreachable!("type checked: {t}"),
-    }
-}
-
-/// Integer element types that token ids may be stored as.
-trait TokenInt: Copy + std::fmt::Display {
-    /// The id as u64 when it is non-negative.
-    fn id(self) -> Option<u64>;
-}
-
-macro_rules! token_int {
-    ($($t:ty),*) => {$(
-        impl TokenInt for $t {
-            #[inline]
-            fn id(self) -> Option<u64> {
-                u64::try_from(self).ok()
-            }
-        }
-    )*};
-}
-token_int!(i8, i16, i32, i64, u8, u16, u32, u64);
-
-#[allow(clippy::too_many_arguments)]
-fn append_ints<T: TokenInt>(
-    path: &Path,
-    base: usize,
-    name: &str,
-    list: &ArrayRef,
-    values: &ArrayRef,
-    bounds: &[usize],
-    v: &[T],
-    limit: u64,
-    out: &mut Vec<u32>,
-    offsets: &mut Vec<usize>,
-    issues: &mut Vec<Issue>,
-) {
-    let all = &v[bounds[0]..bounds[bounds.len() - 1]];
-    let clean = list.null_count() == 0
-        && values.null_count() == 0
-        && all.iter().all(|&x| x.id().is_some_and(|x| x < limit));
-    if clean {
-        let shift = out.len() - bounds[0];
-        out.extend(all.iter().map(|&x| x.id().unwrap_or(0) as u32));
-        offsets.extend(bounds[1..].iter().map(|&b| b + shift));
-        return;
-    }
-    for r in 0..list.len() {
-        let row = base + r;
-        let range = bounds[r]..bounds[r + 1];
-        if list.is_null(r) {
-            issues.push(Issue::new(
-                path,
-                Some(row),
-                Some(name),
-                IssueKind::NullValue,
-                "null list",
-            ));
-        } else if let Some(j) = range.clone().find(|&j| values.is_null(j)) {
-            issues.push(Issue::new(
-                path,
-                Some(row),
-                Some(name),
-                IssueKind::NullValue,
-                format!("null token at position {}", j - range.start),
-            ));
-        } else if let Some(j) = range
-            .clone()
-            .find(|&j| v[j].id().is_none_or(|x| x >= limit))
-        {
-            let why = if limit <= u64::from(u32::MAX) {
-                format!("not below the vocabulary size {limit}")
-            } else {
-                "not a valid token id".to_owned()
-            };
-            issues.push(Issue::new(
-                path,
-                Some(row),
-                Some(name),
-                IssueKind::BadTokenId,
-                format!("token id {} at position {} is {why}", v[j], j - range.start),
-            ));
-        }
-        if list.is_null(r) {
-            offsets.push(out.len());
-            continue;
-        }
-        out.extend(
-            v[range]
-                .iter()
-                .map(|&x| x.id().unwrap_or(0).min(u64::from(u32::MAX)) as u32),
-        );
-        offsets.push(out.len());
-    }
-}
-
-/// Appends each row's list of floats as f32; nulls are row issues.
-fn append_floats(
-    path: &Path,
-    base: usize,
-    name: &str,
-    c: &ArrayRef,
-    out: &mut Vec<f32>,
-    offsets: &mut Vec<usize>,
-    issues: &mut Vec<Issue>,
-) {
-    let (bounds, values) = list_bounds(c).expect("type checked");
-    let range = bounds[0]..bounds[bounds.len() - 1];
-    let shift = out.len() - bounds[0];
-    match values.data_type() {
-        DataType::Float32 => {
-            out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[range])
-        }
-        DataType::Float64 => out.extend(
-            values.as_primitive::<Float64Type>().values()[range]
-                .iter()
-                .map(|&x| x as f32),
-        ),
-        t => unreachable!("type checked: {t}"),
-    }
-    offsets.extend(bounds[1..].iter().map(|&b| b + shift));
-    if c.null_count() > 0 || values.null_count() > 0 {
-        for r in 0..c.len() {
-            let nulls = c.is_null(r) || (bounds[r]..bounds[r + 1]).any(|j| values.is_null(j));
-            if nulls {
-                issues.push(Issue::new(
-                    path,
-                    Some(base + r),
-                    Some(name),
-                    IssueKind::NullValue,
-                    "null log-prob list or value",
-                ));
-            }
-        }
     }
 }
 
