@@ -2,7 +2,9 @@
 # Forward+backward tokens/s of rlreplay's Qwen3 against PyTorch eager (transformers
 # Qwen3ForCausalLM) at the same thread count, on a tiny config and on a small config with Qwen3
 # proportions and the full 151,936-token vocabulary; then the peak RSS of log-probs of one
-# 4096-token response through a 151,936 x 2560 lm_head.
+# 4096-token response through a 151,936 x 2560 lm_head; then the time and peak RSS of one
+# forward+backward of 4096 tokens through 8 layers without and with per-layer activation recompute
+# (each in its own process).
 #
 # Usage: bench/model.sh [THREADS] [ROUNDS]   (defaults 2 and 3; rounds are interleaved)
 # Needs .venv/torch (scripts/setup-venv.sh torch torch transformers).
@@ -29,3 +31,5 @@ for cfg in tiny small; do
   done
 done
 "$BIN" logprobs-rss
+"$BIN" recompute-rss off
+"$BIN" recompute-rss on
