@@ -675,6 +675,10 @@ impl Parser<'_> {
             let t: String = self.s[start..self.pos].iter().collect();
             return number_from_str(&format!("{t}0"));
         }
+        if self.pos == start {
+            // A lone `.` is no number.
+            return Err(Stop::Fail);
+        }
         let mut t: String = self.s[start..self.pos].iter().collect();
         // Leading zeros are dropped from integers ("004" is 4).
         if !t.contains('.') {
@@ -1001,11 +1005,15 @@ impl Parser<'_> {
                 rows.push(vec![]);
                 continue;
             }
+            let before = self.pos;
             let e = self.additive()?;
             rows.last_mut().expect("a row").push(e);
             self.skip_ws();
             if self.peek() == Some('&') {
                 self.pos += 1;
+            } else if self.pos == before {
+                // An entry that consumed nothing would be read again forever.
+                return Err(Stop::Fail);
             }
         }
         rows.retain(|r| !r.is_empty());
@@ -1078,5 +1086,17 @@ mod tests {
             Ok(Expr::Matrix(_))
         ));
         assert!(p(r"\frac{1}{").is_err());
+    }
+
+    /// Found by fuzzing: a lone `.` parsed as the number 0 without being consumed, so the matrix
+    /// entry `3.` (`3`, then `.`) was read again and again until the time limit.
+    #[test]
+    fn entries_that_consume_nothing_fail() {
+        let far = Budget::new(Instant::now() + Duration::from_secs(60));
+        let parse = |s: &str| parse_latex(s, false, &far);
+        assert_eq!(parse(r"\begin{pmatrix}3.\end{pmatrix}"), Err(Stop::Fail));
+        assert_eq!(parse(r"\begin{pmatrix}1 & .\end{pmatrix}"), Err(Stop::Fail));
+        assert_eq!(parse("."), Err(Stop::Fail));
+        assert!(matches!(parse(".5"), Ok(Expr::Float(v)) if v == 0.5));
     }
 }

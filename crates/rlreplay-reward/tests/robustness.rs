@@ -124,6 +124,30 @@ fn deep_nesting_and_huge_numbers_are_bounded() {
     assert!(start.elapsed() < Duration::from_secs(3));
 }
 
+/// Inputs found by the `verify_latex` fuzz target that once ran until the time limit (the
+/// committed copies are `fuzz/seeds/verify_latex/regress-*`).
+#[test]
+fn fuzz_findings_finish_before_the_limit() {
+    let limits = Limits {
+        time: Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let cases = [
+        // A matrix entry `3.`: the lone `.` parsed as 0 without being consumed, forever.
+        (
+            r"\begin{pmatrix}1 & 2\\3. & 4\end{pmatrix}",
+            r"Thus, the result is \Y\becin{pmatrix}1 & 2\\3 & 4\end{pmatrix}\]",
+        ),
+        (r"\begin{pmatrix}3.\end{pmatrix}", r"\boxed{x}"),
+    ];
+    for (gold, pred) in cases {
+        for mode in [Mode::Maxrl, Mode::Default] {
+            let v = verify(gold, pred, mode, &limits);
+            assert!(!v.timed_out, "{mode:?} {gold:?} {pred:?}");
+        }
+    }
+}
+
 #[test]
 fn documented_behaviours() {
     let l = Limits::default();
