@@ -3,12 +3,14 @@
 //! Prompts are admitted group by group (all `n` samples of a prompt at once) while the batch has
 //! room; each prompt is prefilled once and its KV cache shared by its samples. Every step feeds the
 //! last sampled token of every running sequence in one packed forward pass. Sequence `p * n + s`
-//! (prompt `p`, sample `s`) draws from its own random stream, so the sampled tokens do not depend
+//! (prompt `p`, sample `s`) draws from its own random stream (the sequences of a step are sampled
+//! in parallel, each with its own stream), so the sampled tokens do not depend
 //! on the batch size or on which sequences run together (up to float rounding of the logits: matrix
 //! products of other shapes may round differently, which moves log-probs by ~1e-7 and could flip a
 //! draw that falls exactly on a boundary). The same inputs and batch size give identical results.
 
 use anyhow::{bail, Result};
+use rayon::prelude::*;
 
 use crate::sampling::{sample, SamplerScratch, SamplingParams};
 use rlreplay_model::generate::{Decoder, KvCache};
@@ -66,7 +68,9 @@ pub fn generate(
     }
     let vocab = decoder.config().vocab_size;
     let mut results: Vec<Option<Generation>> = vec![None; prompts.len() * n];
-    let mut scratch = SamplerScratch::default();
+    let mut workers: Vec<SamplerScratch> = (0..rayon::current_num_threads().max(1))
+        .map(|_| SamplerScratch::default())
+        .collect();
     let mut active: Vec<Running> = Vec::new();
     let mut next_prompt = 0;
     // Takes the token sampled from `logits` for `seq`; returns the finished generation, if any.
@@ -104,10 +108,7 @@ pub fn generate(
             let mut caches: Vec<KvCache> = admit.iter().map(|_| decoder.new_cache()).collect();
             let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
             let feed: Vec<&[u32]> = admit.iter().map(|&p| prompts[p].as_slice()).collect();
-            let logits: Vec<f32> = decoder
-                .forward(&mut refs, &feed)?
-                .flatten_all()?
-                .to_vec1()?;
+            let logits = decoder.forward_logits(&mut refs, &feed)?;
             for (row, (&p, cache)) in admit.iter().zip(caches).enumerate() {
                 let row = &logits[row * vocab..(row + 1) * vocab];
                 for s in 0..n {
@@ -120,7 +121,7 @@ pub fn generate(
                         tokens: Vec::new(),
                         logprobs: Vec::new(),
                     };
-                    match advance(&mut seq, row, &mut scratch) {
+                    match advance(&mut seq, row, &mut workers[0]) {
                         Some(g) => finish(g, &mut results),
                         None => active.push(seq),
                     }
@@ -139,17 +140,24 @@ pub fn generate(
             .collect();
         let feed: Vec<&[u32]> = last.iter().map(|t| t.as_slice()).collect();
         let mut refs: Vec<&mut KvCache> = active.iter_mut().map(|s| &mut s.cache).collect();
-        let logits: Vec<f32> = decoder
-            .forward(&mut refs, &feed)?
-            .flatten_all()?
-            .to_vec1()?;
+        let logits = decoder.forward_logits(&mut refs, &feed)?;
+        // Sample every sequence in parallel (contiguous chunks, one scratch per chunk), then
+        // retire the finished ones in order.
+        let chunk = active.len().div_ceil(workers.len());
+        let done: Vec<Option<Generation>> = active
+            .par_chunks_mut(chunk)
+            .zip(logits.par_chunks(chunk * vocab))
+            .zip(workers.par_iter_mut())
+            .flat_map_iter(|((seqs, logits), scratch)| {
+                seqs.iter_mut()
+                    .zip(logits.chunks_exact(vocab))
+                    .map(|(seq, row)| advance(seq, row, scratch))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let mut still = Vec::with_capacity(active.len());
-        for (row, mut seq) in active.drain(..).enumerate() {
-            match advance(
-                &mut seq,
-                &logits[row * vocab..(row + 1) * vocab],
-                &mut scratch,
-            ) {
+        for (seq, g) in active.drain(..).zip(done) {
+            match g {
                 Some(g) => finish(g, &mut results),
                 None => still.push(seq),
             }

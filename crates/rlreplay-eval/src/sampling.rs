@@ -75,14 +75,24 @@ pub struct Sampled {
 /// Reusable buffers for [`sample`].
 #[derive(Debug, Default)]
 pub struct SamplerScratch {
+    /// `exp(z / τ - max)` of every id.
+    exps: Vec<f32>,
+    /// `(probability, id)` pairs, partially ordered by the selections.
     probs: Vec<(f32, u32)>,
+    /// Probability mass per bucket (see [`bucket`]).
+    mass: Vec<f64>,
+    /// The candidates of one bucket.
+    sub: Vec<(f32, u32)>,
 }
 
 /// Samples one token from `logits` (one row of the vocabulary).
 ///
 /// The tempered distribution is `softmax(z / τ)`. Top-k then top-p keep the most likely tokens
-/// (ties broken by lower id) and the token is drawn from the kept set renormalised; the returned
-/// log-prob is always the full-vocabulary one. Greedy (τ = 0) takes the arg-max (lowest id on ties).
+/// (ties broken by lower id) and the token is drawn from the kept set renormalised, walking it in
+/// that order; the returned log-prob is always the full-vocabulary one. Greedy (τ = 0) takes the
+/// arg-max (lowest id on ties). The kept set and the drawn token are found with a histogram of
+/// the probabilities (mass per narrow bucket of values) and a selection inside one bucket
+/// (expected `O(vocab)`), never a sort of the vocabulary.
 pub fn sample(
     logits: &[f32],
     params: &SamplingParams,
@@ -105,10 +115,10 @@ pub fn sample(
         }
     }
     let max_t = max * inv_t;
-    let sum: f64 = logits
-        .iter()
-        .map(|&z| f64::from((z * inv_t - max_t).exp()))
-        .sum();
+    let exps = &mut scratch.exps;
+    exps.clear();
+    exps.extend(logits.iter().map(|&z| (z * inv_t - max_t).exp()));
+    let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
     let log_z = max_t + sum.ln() as f32;
     let logprob_of = |i: usize| logits[i] * inv_t - log_z;
     if greedy {
@@ -117,10 +127,20 @@ pub fn sample(
             logprob: logprob_of(arg),
         };
     }
-    let token = draw(logits, inv_t, max_t, sum, params, rng, scratch);
+    let token = draw(sum, params, rng, scratch);
     Sampled {
         token,
         logprob: logprob_of(token as usize),
+    }
+}
+
+/// Whether `a` comes before `b` in the sampling order: higher probability, then lower id.
+#[inline]
+fn before(a: &(f32, u32), b: &(f32, u32)) -> bool {
+    match a.0.total_cmp(&b.0) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Equal => a.1 < b.1,
+        std::cmp::Ordering::Less => false,
     }
 }
 
@@ -129,16 +149,102 @@ fn by_prob_desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
+/// Ranges at most this long are sorted and scanned instead of partitioned.
+const SCAN_LEN: usize = 24;
+
+/// Finds the first position `r` of the sampling order of `items` whose cumulative probability
+/// `start + mass(..=r)` reaches `threshold` (`>=`, or `>` when `strict`). Rearranges `items` so that
+/// `items[..r]` holds the `r` items before it (in any order) and `items[r]` is that item, and
+/// returns `(r, start + mass(..=r))`; `None` when the total mass does not reach `threshold` (`items` is
+/// then rearranged arbitrarily). Quickselect with the mass of each side summed while
+/// partitioning: expected `O(len)`.
+fn cross(
+    items: &mut [(f32, u32)],
+    start: f64,
+    threshold: f64,
+    strict: bool,
+) -> Option<(usize, f64)> {
+    let reached = |m: f64| {
+        if strict {
+            m > threshold
+        } else {
+            m >= threshold
+        }
+    };
+    let (mut lo, mut hi) = (0usize, items.len());
+    let mut acc = start;
+    let mut rounds = 0usize;
+    // Invariant: items[..lo] come before items[lo..hi], which come before items[hi..];
+    // acc = mass(items[..lo]) has not reached the threshold; the answer lies in lo..hi.
+    while hi - lo > SCAN_LEN && rounds < 64 {
+        rounds += 1;
+        let range = &mut items[lo..hi];
+        let n = range.len();
+        // Median of three as the pivot, moved to the end.
+        let (a, b, c) = (0, n / 2, n - 1);
+        let mid = if before(&range[a], &range[b]) == before(&range[b], &range[c]) {
+            b
+        } else if before(&range[b], &range[a]) == before(&range[a], &range[c]) {
+            a
+        } else {
+            c
+        };
+        range.swap(mid, n - 1);
+        let pivot = range[n - 1];
+        let mut store = 0;
+        let mut mass = 0.0f64;
+        for i in 0..n - 1 {
+            if before(&range[i], &pivot) {
+                mass += f64::from(range[i].0);
+                range.swap(store, i);
+                store += 1;
+            }
+        }
+        range.swap(store, n - 1);
+        if reached(acc + mass) {
+            hi = lo + store;
+        } else {
+            acc += mass;
+            let with_pivot = acc + f64::from(pivot.0);
+            if reached(with_pivot) {
+                return Some((lo + store, with_pivot));
+            }
+            acc = with_pivot;
+            lo += store + 1;
+        }
+    }
+    let range = &mut items[lo..hi];
+    range.sort_unstable_by(by_prob_desc);
+    for (i, p) in range.iter().enumerate() {
+        acc += f64::from(p.0);
+        if reached(acc) {
+            return Some((lo + i, acc));
+        }
+    }
+    None
+}
+
+/// The position of the last item of `items` in the sampling order.
+fn last_in_order(items: &[(f32, u32)]) -> usize {
+    (1..items.len()).fold(0, |best, i| {
+        if before(&items[best], &items[i]) {
+            i
+        } else {
+            best
+        }
+    })
+}
+
+/// Draws a token from the (top-k, top-p restricted) distribution held in `scratch.exps` (with sum
+/// `sum`).
 fn draw(
-    logits: &[f32],
-    inv_t: f32,
-    max_t: f32,
     sum: f64,
     params: &SamplingParams,
     rng: &mut impl Rng,
     scratch: &mut SamplerScratch,
 ) -> u32 {
-    let vocab = logits.len();
+    let exps = &scratch.exps;
+    let vocab = exps.len();
     let top_k = if params.top_k == 0 {
         vocab
     } else {
@@ -150,64 +256,99 @@ fn draw(
         // Plain sampling: inverse CDF over the vocabulary in id order.
         let target = u * sum;
         let mut acc = 0.0f64;
-        for (i, &z) in logits.iter().enumerate() {
-            acc += f64::from((z * inv_t - max_t).exp());
+        for (i, &e) in exps.iter().enumerate() {
+            acc += f64::from(e);
             if acc > target {
                 return i as u32;
             }
         }
-        return last_positive(logits, inv_t, max_t);
+        return exps.iter().rposition(|&e| e > 0.0).unwrap_or(0) as u32;
     }
     let probs = &mut scratch.probs;
     probs.clear();
     probs.extend(
-        logits
-            .iter()
+        exps.iter()
             .enumerate()
-            .map(|(i, &z)| (((z * inv_t - max_t).exp() as f64 / sum) as f32, i as u32)),
+            .map(|(i, &e)| ((f64::from(e) / sum) as f32, i as u32)),
     );
-    // Find the smallest prefix (in sorted order) that holds top-k and reaches top-p, sorting only
-    // that prefix: select the best `m` candidates, grow `m` until their mass reaches top-p.
-    let mut m = top_k.clamp(1, 64);
-    loop {
-        if m < vocab {
-            probs.select_nth_unstable_by(m - 1, by_prob_desc);
-        }
-        let head = &mut probs[..m];
-        head.sort_unstable_by(by_prob_desc);
-        let mass: f64 = head.iter().map(|p| f64::from(p.0)).sum();
-        if m >= top_k || mass >= top_p {
+    // The top-k candidates, then the shortest prefix of them (in sampling order) reaching top-p.
+    if top_k < vocab {
+        probs.select_nth_unstable_by(top_k - 1, by_prob_desc);
+    }
+    let head = &mut probs[..top_k];
+    let mass = &mut scratch.mass;
+    mass.clear();
+    mass.resize(BUCKETS, 0.0);
+    for p in head.iter() {
+        mass[bucket(p.0)] += f64::from(p.0);
+    }
+    // Buckets before `cut` are kept whole; `sub[..kept_in_cut]` are the kept tokens of `cut`.
+    let sub = &mut scratch.sub;
+    let (mut above, mut cut) = (0.0f64, BUCKETS);
+    for (b, &m) in mass.iter().enumerate() {
+        if above + m >= top_p {
+            cut = b;
             break;
         }
-        m = (m * 4).min(top_k);
+        above += m;
     }
-    // Cut the sorted head at top-p: keep tokens until the cumulative mass reaches top_p.
-    let mut kept = 0usize;
-    let mut mass = 0.0f64;
-    for p in &probs[..m] {
-        kept += 1;
-        mass += f64::from(p.0);
-        if mass >= top_p {
-            break;
+    let (kept_mass, kept_in_cut) = if cut < BUCKETS {
+        gather(sub, head, cut);
+        match cross(sub, above, top_p, false) {
+            Some((r, m)) => (m, r + 1),
+            None => (
+                above + sub.iter().map(|p| f64::from(p.0)).sum::<f64>(),
+                sub.len(),
+            ),
         }
-    }
-    let target = u * mass;
+    } else {
+        sub.clear();
+        (above, 0)
+    };
+    // Inverse CDF over the kept tokens in sampling order: find the bucket, then the token.
+    let target = u * kept_mass;
     let mut acc = 0.0f64;
-    for p in &probs[..kept] {
-        acc += f64::from(p.0);
-        if acc > target {
-            return p.1;
+    for (b, &m) in mass[..cut].iter().enumerate() {
+        if acc + m > target {
+            gather(sub, head, b);
+            return match cross(sub, acc, target, true) {
+                Some((r, _)) => sub[r].1,
+                None => sub[last_in_order(sub)].1,
+            };
         }
+        acc += m;
     }
-    probs[kept - 1].1
+    if kept_in_cut > 0 {
+        let kept = &mut sub[..kept_in_cut];
+        if let Some((r, _)) = cross(kept, acc, target, true) {
+            return kept[r].1;
+        }
+        return kept[last_in_order(kept)].1;
+    }
+    // Rounding at the end of the distribution: the last kept token in sampling order.
+    let last = (0..cut).rev().find(|&b| mass[b] > 0.0).unwrap_or(0);
+    gather(sub, head, last);
+    sub[last_in_order(sub)].1
 }
 
-/// The last id with a non-zero probability (guards against rounding at the end of the CDF).
-fn last_positive(logits: &[f32], inv_t: f32, max_t: f32) -> u32 {
-    logits
-        .iter()
-        .rposition(|&z| (z * inv_t - max_t).exp() > 0.0)
-        .unwrap_or(0) as u32
+/// Histogram buckets: 128 per octave of probability over 32 octaves, the last one holding every
+/// smaller probability.
+const BUCKETS: usize = 32 * 128;
+
+/// The bucket of a probability in `[0, 1]`: bucket 0 holds the largest values, and a bucket's
+/// values all come before the next bucket's in the sampling order.
+#[inline]
+fn bucket(p: f32) -> usize {
+    // The bits of a non-negative float increase with its value; keep exponent and 7 mantissa bits.
+    let top = 1.0f32.to_bits() >> 16;
+    let key = (p.to_bits() >> 16).min(top);
+    ((top - key) as usize).min(BUCKETS - 1)
+}
+
+/// The items of `items` in bucket `b`, into `sub`.
+fn gather(sub: &mut Vec<(f32, u32)>, items: &[(f32, u32)], b: usize) {
+    sub.clear();
+    sub.extend(items.iter().filter(|p| bucket(p.0) == b));
 }
 
 #[cfg(test)]
@@ -324,6 +465,87 @@ mod tests {
         };
         assert_eq!(run(3), run(3));
         assert_ne!(run(3), run(4));
+    }
+
+    /// The sampler as specified: sort the whole vocabulary, cut at top-k and top-p, walk the kept
+    /// tokens in sorted order.
+    fn reference_sample(logits: &[f32], sp: &SamplingParams, rng: &mut impl Rng) -> u32 {
+        let inv_t = 1.0 / sp.temperature;
+        let max_t = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
+        let sum: f64 = logits
+            .iter()
+            .map(|&z| f64::from((z * inv_t - max_t).exp()))
+            .sum();
+        let mut probs: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &z)| {
+                (
+                    (f64::from((z * inv_t - max_t).exp()) / sum) as f32,
+                    i as u32,
+                )
+            })
+            .collect();
+        probs.sort_by(by_prob_desc);
+        let top_k = if sp.top_k == 0 {
+            probs.len()
+        } else {
+            sp.top_k.min(probs.len())
+        };
+        let u: f64 = rng.random();
+        let (mut kept, mut mass) = (0, 0.0f64);
+        for p in &probs[..top_k] {
+            kept += 1;
+            mass += f64::from(p.0);
+            if mass >= f64::from(sp.top_p) {
+                break;
+            }
+        }
+        let mut acc = 0.0;
+        for p in &probs[..kept] {
+            acc += f64::from(p.0);
+            if acc > u * mass {
+                return p.1;
+            }
+        }
+        probs[kept - 1].1
+    }
+
+    #[test]
+    fn partial_selection_draws_what_a_full_sort_draws() {
+        let mut gen = ChaCha8Rng::seed_from_u64(5);
+        let mut scratch = SamplerScratch::default();
+        for case in 0..400 {
+            let vocab = [1, 2, 7, 50, 300, 3000][case % 6];
+            // Flat, peaked and tied (quantised) logits.
+            let spread = [0.01f32, 1.0, 8.0][case / 6 % 3];
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| {
+                    let z = gen.random::<f32>() * spread;
+                    if case % 5 == 0 {
+                        z.round()
+                    } else {
+                        z
+                    }
+                })
+                .collect();
+            let sp = params(
+                [0.6f32, 1.0, 1.3][case % 3],
+                [1.0f32, 0.95, 0.5, 0.01][case / 3 % 4],
+                [0usize, 1, 5, 100][case / 2 % 4],
+            );
+            let (mut a, mut b) = (sp.rng_for(case as u64), sp.rng_for(case as u64));
+            for _ in 0..20 {
+                let got = sample(&logits, &sp, &mut a, &mut scratch).token;
+                // Without a restriction both draw in id order (the path is unchanged).
+                let want = if sp.top_p >= 1.0 && (sp.top_k == 0 || sp.top_k >= vocab) {
+                    got
+                } else {
+                    reference_sample(&logits, &sp, &mut b)
+                };
+                assert_eq!(got, want, "case {case}: {sp:?}");
+            }
+        }
     }
 
     #[test]

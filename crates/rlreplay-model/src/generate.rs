@@ -1,17 +1,23 @@
 //! Inference-only decoding with a per-sequence KV cache, for sampling.
 //!
 //! [`Decoder`] snapshots a [`Qwen3`]'s weights in the compute dtype and runs the same network as
-//! the training path, with candle's fused inference kernels (RMSNorm, RoPE, softmax) and no
-//! autograd graph. Sequences are ragged: every call takes any number of new tokens per sequence
-//! (a whole prompt to prefill, or one sampled token), packs them into one set of matrix products,
-//! and attends per sequence against that sequence's own cache. It returns the logits of the last
-//! new token of each sequence.
+//! the training path without an autograd graph. Sequences are ragged: every call takes any number
+//! of new tokens per sequence (a whole prompt to prefill, or one sampled token), packs them into
+//! one set of matrix products (one `[T, H] · Wᵀ` per projection and layer for all sequences), and
+//! attends per sequence against that sequence's own cache. It returns the logits of the last new
+//! token of each sequence.
+//!
+//! On the CPU in f32 (the usual sampling setup) the whole step runs on host buffers: fused
+//! projections (q/k/v in one product, gate/up in one), the kernels of [`crate::ops`]' decode
+//! module, and one attention kernel per layer for all sequences over caches kept as growable
+//! per-layer buffers. Other devices and dtypes run candle ops (fused RMSNorm, RoPE and softmax).
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::ops::decode::{self, AttnDims, CachedSeq};
 use crate::{Error, Qwen3, Qwen3Config, Result};
 
-/// Weights of one decoder layer, in the compute dtype.
+/// Weights of one decoder layer, in the compute dtype (candle path).
 struct LayerWeights {
     in_norm: Tensor,
     q_proj: Tensor,
@@ -26,24 +32,73 @@ struct LayerWeights {
     down: Tensor,
 }
 
+/// The model's weights as candle tensors.
+struct TensorWeights {
+    embed: Tensor,
+    layers: Vec<LayerWeights>,
+    norm: Tensor,
+    lm_head: Tensor,
+}
+
+/// Weights of one decoder layer as f32 host buffers; matrices transposed to `[in, out]`.
+struct HostLayer {
+    in_norm: Vec<f32>,
+    /// q, k and v projections side by side: `[H, (Hq + 2·Hkv)·D]`.
+    qkv: Vec<f32>,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    o_proj: Vec<f32>,
+    post_norm: Vec<f32>,
+    /// Gate and up projections side by side: `[H, 2·I]`.
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// The model's weights as f32 host buffers (CPU, f32 compute).
+struct HostWeights {
+    /// `[V, H]`, or `None` when tied to the lm_head (rows are then read from its columns).
+    embed: Option<Vec<f32>>,
+    layers: Vec<HostLayer>,
+    norm: Vec<f32>,
+    /// `[H, V]`.
+    lm_head: Vec<f32>,
+}
+
+/// Where the forward pass runs.
+enum Weights {
+    Host(HostWeights),
+    Tensors(TensorWeights),
+}
+
 /// A snapshot of a model's weights prepared for incremental decoding.
 pub struct Decoder {
     cfg: Qwen3Config,
     dtype: DType,
     device: Device,
-    embed: Tensor,
-    layers: Vec<LayerWeights>,
-    norm: Tensor,
-    lm_head: Tensor,
+    weights: Weights,
     inv_freq: Vec<f64>,
 }
 
-/// The key/value cache of one sequence: per layer `[Hkv, capacity, D]` key and value buffers, of
-/// which the first `len` positions are filled; appends write in place and grow the buffers
-/// geometrically.
+/// Per-layer cache buffers.
+enum Layers {
+    /// Per layer, keys and values `[len, Hkv·D]` (position-major); pushes grow the buffers
+    /// geometrically.
+    Host(Vec<(Vec<f32>, Vec<f32>)>),
+    /// Per layer `[Hkv, capacity, D]` key and value tensors, of which the first `len` positions
+    /// are filled; appends write in place and grow the buffers geometrically.
+    Tensors(Vec<Option<(Tensor, Tensor)>>),
+}
+
+impl Default for Layers {
+    fn default() -> Self {
+        Self::Tensors(Vec::new())
+    }
+}
+
+/// The key/value cache of one sequence, made by [`Decoder::new_cache`].
 #[derive(Default)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Layers,
     len: usize,
 }
 
@@ -63,26 +118,60 @@ impl KvCache {
 
     /// An independent copy (for sequences that continue the same prefix).
     pub fn fork(&self) -> Result<Self> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| match l {
-                Some((k, v)) => Ok(Some((k.copy()?, v.copy()?))),
-                None => Ok(None),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let layers = match &self.layers {
+            Layers::Host(layers) => {
+                let copy = |b: &Vec<f32>| {
+                    let mut c = Vec::with_capacity(b.capacity());
+                    c.extend_from_slice(b);
+                    c
+                };
+                Layers::Host(layers.iter().map(|(k, v)| (copy(k), copy(v))).collect())
+            }
+            Layers::Tensors(layers) => Layers::Tensors(
+                layers
+                    .iter()
+                    .map(|l| match l {
+                        Some((k, v)) => Ok(Some((k.copy()?, v.copy()?))),
+                        None => Ok(None),
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
         Ok(Self {
             layers,
             len: self.len,
         })
     }
 
-    /// Appends `[Hkv, n, D]` keys and values to layer `l` (positions `len..len + n`) and returns
-    /// views of the `len + n` cached positions.
+    /// Number of layers the cache was made for.
+    fn num_layers(&self) -> usize {
+        match &self.layers {
+            Layers::Host(l) => l.len(),
+            Layers::Tensors(l) => l.len(),
+        }
+    }
+
+    /// The host buffers of layer `l` (the cache must be a host cache).
+    fn host(&self, l: usize) -> Result<&(Vec<f32>, Vec<f32>)> {
+        match &self.layers {
+            Layers::Host(layers) => Ok(&layers[l]),
+            Layers::Tensors(_) => Err(Error::Input(
+                "the cache was not made by this decoder".into(),
+            )),
+        }
+    }
+
+    /// Appends `[Hkv, n, D]` keys and values to layer `l` (positions `len..len + n`) of a tensor
+    /// cache and returns views of the `len + n` cached positions.
     fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let Layers::Tensors(layers) = &mut self.layers else {
+            return Err(Error::Input(
+                "the cache was not made by this decoder".into(),
+            ));
+        };
         let n = k.dim(1)?;
         let total = self.len + n;
-        let (mut kb, mut vb) = match self.layers[l].take() {
+        let (mut kb, mut vb) = match layers[l].take() {
             Some(bufs) => bufs,
             None => {
                 let (h, _, d) = k.dims3()?;
@@ -108,14 +197,34 @@ impl KvCache {
         kb.slice_set(k, 1, self.len)?;
         vb.slice_set(v, 1, self.len)?;
         let views = (kb.narrow(1, 0, total)?, vb.narrow(1, 0, total)?);
-        self.layers[l] = Some((kb, vb));
+        layers[l] = Some((kb, vb));
         Ok(views)
     }
+}
+
+/// The new tokens of one call, packed: ids, positions and sequence boundaries.
+struct Packed {
+    ids: Vec<u32>,
+    positions: Vec<usize>,
+    offsets: Vec<usize>,
+}
+
+/// A tensor's elements as an f32 vector.
+fn host_vec(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
 }
 
 impl Decoder {
     /// Snapshots the current weights of `model` (later training steps do not affect it).
     pub fn new(model: &Qwen3) -> Result<Self> {
+        Self::build(
+            model,
+            model.device().is_cpu() && model.compute_dtype() == DType::F32,
+        )
+    }
+
+    /// [`Decoder::new`] on host buffers (`host`, CPU f32 only) or with candle ops.
+    fn build(model: &Qwen3, host: bool) -> Result<Self> {
         let cfg = model.config().clone();
         let dtype = model.compute_dtype();
         let params = model.params();
@@ -150,19 +259,69 @@ impl Decoder {
         } else {
             get("lm_head.weight")?
         };
+        let tensors = TensorWeights {
+            embed,
+            layers,
+            norm: get("model.norm.weight")?,
+            lm_head,
+        };
+        let weights = if host {
+            Weights::Host(Self::host_weights(&cfg, &tensors)?)
+        } else {
+            Weights::Tensors(tensors)
+        };
         let d = cfg.head_dim;
         let inv_freq = (0..d / 2)
             .map(|i| 1.0 / cfg.rope_theta.powf((2 * i) as f64 / d as f64))
             .collect();
         Ok(Self {
-            norm: get("model.norm.weight")?,
             device: model.device().clone(),
             cfg,
             dtype,
-            embed,
-            layers,
-            lm_head,
+            weights,
             inv_freq,
+        })
+    }
+
+    /// Copies the weights into host buffers, transposed, with q/k/v and gate/up stacked.
+    fn host_weights(cfg: &Qwen3Config, w: &TensorWeights) -> Result<HostWeights> {
+        let h = cfg.hidden_size;
+        let stack_t = |ts: &[&Tensor]| -> Result<Vec<f32>> {
+            let mut out = Vec::new();
+            for t in ts {
+                out.extend(host_vec(t)?);
+            }
+            let rows = out.len() / h;
+            Ok(decode::transpose(&out, rows, h))
+        };
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(HostLayer {
+                    in_norm: host_vec(&l.in_norm)?,
+                    qkv: stack_t(&[&l.q_proj, &l.k_proj, &l.v_proj])?,
+                    q_norm: host_vec(&l.q_norm)?,
+                    k_norm: host_vec(&l.k_norm)?,
+                    o_proj: stack_t(&[&l.o_proj])?,
+                    post_norm: host_vec(&l.post_norm)?,
+                    gate_up: stack_t(&[&l.gate, &l.up])?,
+                    down: {
+                        let down = host_vec(&l.down)?;
+                        decode::transpose(&down, h, cfg.intermediate_size)
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostWeights {
+            embed: if cfg.tie_word_embeddings {
+                None
+            } else {
+                Some(host_vec(&w.embed)?)
+            },
+            layers,
+            norm: host_vec(&w.norm)?,
+            lm_head: stack_t(&[&w.lm_head])?,
         })
     }
 
@@ -173,14 +332,23 @@ impl Decoder {
 
     /// An empty cache for a new sequence.
     pub fn new_cache(&self) -> KvCache {
-        KvCache {
-            layers: vec![None; self.cfg.num_hidden_layers],
-            len: 0,
-        }
+        let layers = match self.weights {
+            Weights::Host(_) => {
+                let cap = MIN_CAPACITY * self.cfg.num_key_value_heads * self.cfg.head_dim;
+                Layers::Host(
+                    (0..self.cfg.num_hidden_layers)
+                        .map(|_| (Vec::with_capacity(cap), Vec::with_capacity(cap)))
+                        .collect(),
+                )
+            }
+            Weights::Tensors(_) => Layers::Tensors(vec![None; self.cfg.num_hidden_layers]),
+        };
+        KvCache { layers, len: 0 }
     }
 
-    /// RoPE tables `[T, D/2]` for the given positions (computed in f64 as in the training path).
-    fn rope_tables(&self, positions: &[usize]) -> Result<(Tensor, Tensor)> {
+    /// RoPE tables `[T, D/2]` (cos, sin) for the given positions, computed in f64 as in the
+    /// training path.
+    fn rope_angles(&self, positions: &[usize]) -> (Vec<f64>, Vec<f64>) {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
@@ -191,17 +359,11 @@ impl Decoder {
                 sin.push(s);
             }
         }
-        let shape = (positions.len(), half);
-        Ok((
-            Tensor::from_vec(cos, shape, &self.device)?.to_dtype(self.dtype)?,
-            Tensor::from_vec(sin, shape, &self.device)?.to_dtype(self.dtype)?,
-        ))
+        (cos, sin)
     }
 
-    /// Feeds `tokens[i]` (at least one token) to sequence `caches[i]` for every `i`, appends their
-    /// keys and values to the caches, and returns the f32 logits `[caches.len(), vocab]` of the last
-    /// fed token of each sequence.
-    pub fn forward(&self, caches: &mut [&mut KvCache], tokens: &[&[u32]]) -> Result<Tensor> {
+    /// Checks the inputs of a forward call and packs the new tokens.
+    fn pack(&self, caches: &[&mut KvCache], tokens: &[&[u32]]) -> Result<Packed> {
         let cfg = &self.cfg;
         if caches.len() != tokens.len() {
             return Err(Error::Input(format!(
@@ -210,6 +372,7 @@ impl Decoder {
                 tokens.len()
             )));
         }
+        let host = matches!(self.weights, Weights::Host(_));
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         let mut offsets = vec![0usize];
@@ -217,7 +380,9 @@ impl Decoder {
             if toks.is_empty() {
                 return Err(Error::Input(format!("sequence {i}: no token to feed")));
             }
-            if cache.layers.len() != cfg.num_hidden_layers {
+            if cache.num_layers() != cfg.num_hidden_layers
+                || host != matches!(cache.layers, Layers::Host(_))
+            {
                 return Err(Error::Input(format!(
                     "sequence {i}: the cache was not made by this decoder"
                 )));
@@ -239,6 +404,159 @@ impl Decoder {
             positions.extend(cache.len..cache.len + toks.len());
             offsets.push(ids.len());
         }
+        Ok(Packed {
+            ids,
+            positions,
+            offsets,
+        })
+    }
+
+    /// Feeds `tokens[i]` (at least one token) to sequence `caches[i]` for every `i`, appends their
+    /// keys and values to the caches, and returns the f32 logits `[caches.len(), vocab]` of the last
+    /// fed token of each sequence.
+    pub fn forward(&self, caches: &mut [&mut KvCache], tokens: &[&[u32]]) -> Result<Tensor> {
+        let packed = self.pack(caches, tokens)?;
+        match &self.weights {
+            Weights::Host(w) => {
+                let logits = self.forward_host(w, caches, &packed)?;
+                let shape = (caches.len(), self.cfg.vocab_size);
+                Ok(Tensor::from_vec(logits, shape, &self.device)?)
+            }
+            Weights::Tensors(w) => self.forward_tensors(w, caches, &packed),
+        }
+    }
+
+    /// [`Decoder::forward`] with the logits as one row-major vector (`caches.len() × vocab`).
+    pub fn forward_logits(
+        &self,
+        caches: &mut [&mut KvCache],
+        tokens: &[&[u32]],
+    ) -> Result<Vec<f32>> {
+        let packed = self.pack(caches, tokens)?;
+        match &self.weights {
+            Weights::Host(w) => self.forward_host(w, caches, &packed),
+            Weights::Tensors(w) => Ok(self
+                .forward_tensors(w, caches, &packed)?
+                .flatten_all()?
+                .to_vec1()?),
+        }
+    }
+
+    /// The forward pass on host buffers (CPU, f32).
+    fn forward_host(
+        &self,
+        w: &HostWeights,
+        caches: &mut [&mut KvCache],
+        packed: &Packed,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let Packed {
+            ids,
+            positions,
+            offsets,
+        } = packed;
+        let (t, b, vocab) = (ids.len(), caches.len(), cfg.vocab_size);
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        let (hs, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let dims = AttnDims {
+            hq,
+            hkv,
+            d,
+            scale: (1.0 / (d as f64).sqrt()) as f32,
+        };
+        let width = (hq + 2 * hkv) * d;
+        let (k_at, v_at) = (hq * d, (hq + hkv) * d);
+        let eps = cfg.rms_norm_eps as f32;
+        let mut x = vec![0f32; t * hs];
+        for (row, &id) in x.chunks_exact_mut(hs).zip(ids) {
+            let id = id as usize;
+            match &w.embed {
+                Some(embed) => row.copy_from_slice(&embed[id * hs..(id + 1) * hs]),
+                None => {
+                    for (i, v) in row.iter_mut().enumerate() {
+                        *v = w.lm_head[i * vocab + id];
+                    }
+                }
+            }
+        }
+        let (cos, sin) = self.rope_angles(positions);
+        let cos: Vec<f32> = cos.into_iter().map(|v| v as f32).collect();
+        let sin: Vec<f32> = sin.into_iter().map(|v| v as f32).collect();
+        let mut h = vec![0f32; t * hs];
+        let mut qkv = vec![0f32; t * width];
+        let mut att = vec![0f32; t * hq * d];
+        let mut gu = vec![0f32; t * 2 * inter];
+        let mut m = vec![0f32; t * inter];
+        for (l, lw) in w.layers.iter().enumerate() {
+            decode::rms_norm(&mut h, &x, &lw.in_norm, eps);
+            decode::linear(&mut qkv, false, &h, t, &lw.qkv, width)?;
+            decode::norm_rope_heads(&mut qkv, width, 0, hq, &lw.q_norm, eps, &cos, &sin);
+            decode::norm_rope_heads(&mut qkv, width, k_at, hkv, &lw.k_norm, eps, &cos, &sin);
+            for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
+                let Layers::Host(layers) = &mut cache.layers else {
+                    return Err(Error::Input(
+                        "the cache was not made by this decoder".into(),
+                    ));
+                };
+                let (kb, vb) = &mut layers[l];
+                for row in qkv[se[0] * width..se[1] * width].chunks_exact(width) {
+                    kb.extend_from_slice(&row[k_at..v_at]);
+                    vb.extend_from_slice(&row[v_at..]);
+                }
+            }
+            let seqs = caches
+                .iter()
+                .zip(offsets.windows(2))
+                .map(|(cache, se)| {
+                    let (k, v) = cache.host(l)?;
+                    Ok(CachedSeq {
+                        k,
+                        v,
+                        n: se[1] - se[0],
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            decode::cached_attention(&mut att, &qkv, width, &seqs, dims)?;
+            decode::linear(&mut x, true, &att, t, &lw.o_proj, hs)?;
+            decode::rms_norm(&mut h, &x, &lw.post_norm, eps);
+            decode::linear(&mut gu, false, &h, t, &lw.gate_up, 2 * inter)?;
+            decode::swiglu(&mut m, &gu, inter);
+            decode::linear(&mut x, true, &m, t, &lw.down, hs)?;
+        }
+        for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
+            cache.len += se[1] - se[0];
+        }
+        let mut last = vec![0f32; b * hs];
+        for (row, &end) in last.chunks_exact_mut(hs).zip(&offsets[1..]) {
+            row.copy_from_slice(&x[(end - 1) * hs..end * hs]);
+        }
+        let mut normed = vec![0f32; b * hs];
+        decode::rms_norm(&mut normed, &last, &w.norm, eps);
+        let mut logits = vec![0f32; b * vocab];
+        decode::linear(&mut logits, false, &normed, b, &w.lm_head, vocab)?;
+        Ok(logits)
+    }
+
+    /// The forward pass with candle ops (any device and dtype).
+    fn forward_tensors(
+        &self,
+        w: &TensorWeights,
+        caches: &mut [&mut KvCache],
+        packed: &Packed,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let Packed {
+            ids,
+            positions,
+            offsets,
+        } = packed;
         if ids.is_empty() {
             return Ok(Tensor::zeros(
                 (0, cfg.vocab_size),
@@ -257,9 +575,12 @@ impl Decoder {
         let scale = 1.0 / (d as f64).sqrt();
         let linear = |x: &Tensor, w: &Tensor| x.matmul(&w.t()?);
         let ids_t = Tensor::new(ids.as_slice(), &self.device)?;
-        let mut x = self.embed.index_select(&ids_t, 0)?;
-        let (cos, sin) = self.rope_tables(&positions)?;
-        for (l, w) in self.layers.iter().enumerate() {
+        let mut x = w.embed.index_select(&ids_t, 0)?;
+        let (cos, sin) = self.rope_angles(positions);
+        let shape = (t, self.inv_freq.len());
+        let cos = Tensor::from_vec(cos, shape, &self.device)?.to_dtype(self.dtype)?;
+        let sin = Tensor::from_vec(sin, shape, &self.device)?.to_dtype(self.dtype)?;
+        for (l, w) in w.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &w.in_norm, eps)?;
             let q = linear(&h, &w.q_proj)?.reshape((t, hq, d))?;
             let k = linear(&h, &w.k_proj)?.reshape((t, hkv, d))?;
@@ -316,16 +637,14 @@ impl Decoder {
             let m = (candle_nn::ops::silu(&linear(&h, &w.gate)?)? * linear(&h, &w.up)?)?;
             x = (x + linear(&m, &w.down)?)?;
         }
-        for (cache, toks) in caches.iter_mut().zip(tokens) {
-            cache.len += toks.len();
+        for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
+            cache.len += se[1] - se[0];
         }
         let last: Vec<u32> = offsets[1..].iter().map(|&o| (o - 1) as u32).collect();
         let last = Tensor::new(last.as_slice(), &self.device)?;
         let h = x.index_select(&last, 0)?;
-        let h = candle_nn::ops::rms_norm(&h, &self.norm, eps)?;
-        Ok(linear(&h, &self.lm_head)?
-            .to_dtype(DType::F32)?
-            .contiguous()?)
+        let h = candle_nn::ops::rms_norm(&h, &w.norm, eps)?;
+        Ok(linear(&h, &w.lm_head)?.to_dtype(DType::F32)?.contiguous()?)
     }
 }
 
@@ -342,8 +661,15 @@ mod tests {
 
     #[test]
     fn cached_decoding_matches_the_training_path() {
+        // Host kernels, then candle ops.
+        for host in [true, false] {
+            cached_decoding_matches_the_training_path_with(host);
+        }
+    }
+
+    fn cached_decoding_matches_the_training_path_with(host: bool) {
         let model = Qwen3::new_random(Qwen3Config::tiny(), 3, DType::F32, &Device::Cpu).unwrap();
-        let dec = Decoder::new(&model).unwrap();
+        let dec = Decoder::build(&model, host).unwrap();
         let prompts: [&[u32]; 2] = [&[1, 2, 3, 4, 5], &[9, 8]];
         let responses: [&[u32]; 2] = [&[7, 100, 42], &[300, 11, 12, 13]];
         let mut caches = [dec.new_cache(), dec.new_cache()];
@@ -382,7 +708,7 @@ mod tests {
         for s in 0..2 {
             assert_eq!(got[s].len(), want[s].len());
             for (a, b) in got[s].iter().zip(&want[s]) {
-                assert!((a - b).abs() < 1e-4, "seq {s}: {a} vs {b}");
+                assert!((a - b).abs() < 1e-4, "host {host}, seq {s}: {a} vs {b}");
             }
         }
         assert_eq!(caches[0].len(), 5 + 2);
@@ -430,6 +756,12 @@ mod tests {
         assert!(dec.forward(&mut [&mut c], &[&[100_000]]).is_err());
         assert!(dec.forward(&mut [&mut c], &[]).is_err());
         assert_eq!(dec.forward(&mut [], &[]).unwrap().dims(), [0, 512]);
+        // A cache of the other kind of decoder.
+        let candle = Decoder::build(&model, false).unwrap();
+        assert!(candle.forward(&mut [&mut c], &[&[1]]).is_err());
+        assert!(dec
+            .forward(&mut [&mut candle.new_cache()], &[&[1]])
+            .is_err());
         assert!(c.is_empty());
     }
 }

@@ -8,6 +8,7 @@
 mod attention;
 pub mod composite;
 mod cpu;
+pub(crate) mod decode;
 mod logprobs;
 mod norm;
 mod rope;
