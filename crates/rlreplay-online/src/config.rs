@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rlreplay_algo::{AlgoConfig, LossMode};
-use rlreplay_train::config::{apply_override, Dtype, OptimSection};
+use rlreplay_algo::AlgoConfig;
+pub use rlreplay_train::config::SelfDistillationSection;
+use rlreplay_train::config::{apply_override, uses_teacher, Dtype, OptimSection};
+pub use rlreplay_train::teacher::TeacherRegularization;
 use serde::{Deserialize, Serialize};
 
-use crate::context::ContextConfig;
 use crate::toy::{ToyModel, ToyTask};
 
 /// The whole online-training configuration.
@@ -185,50 +186,6 @@ impl Default for ValidationSection {
     }
 }
 
-/// Teacher regularisation of self-distillation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum TeacherRegularization {
-    /// Logits `(1 − α)·z_ref + α·z_cur` of the frozen initial model and the current model.
-    #[default]
-    #[serde(rename = "trust-region")]
-    TrustRegion,
-    /// A separate teacher whose weights follow the student by EMA after each step.
-    #[serde(rename = "ema")]
-    Ema,
-}
-
-/// `[self_distillation]`: teacher contexts and the teacher.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SelfDistillationSection {
-    /// Trust-region or EMA teacher.
-    #[serde(default)]
-    pub teacher_regularization: TeacherRegularization,
-    /// α of the trust region, or η of the EMA.
-    #[serde(default = "default_teacher_rate")]
-    pub teacher_update_rate: f64,
-    /// Give the teacher the reference answer in the math feedback (`sibling+feedback` mode).
-    #[serde(default)]
-    pub correctness_feedback: bool,
-    /// Teacher-context construction.
-    #[serde(flatten)]
-    pub context: ContextConfig,
-}
-
-fn default_teacher_rate() -> f64 {
-    0.1
-}
-
-impl Default for SelfDistillationSection {
-    fn default() -> Self {
-        Self {
-            teacher_regularization: TeacherRegularization::TrustRegion,
-            teacher_update_rate: default_teacher_rate(),
-            correctness_feedback: false,
-            context: ContextConfig::default(),
-        }
-    }
-}
-
 /// `[batch]`: sizes count prompts (verl semantics).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -326,7 +283,7 @@ impl OnlineConfig {
 
     /// Whether the loss needs a teacher (`rlsd` / `rlrt`).
     pub fn uses_teacher(&self) -> bool {
-        matches!(self.algorithm.loss_mode, LossMode::Rlsd | LossMode::Rlrt)
+        uses_teacher(&self.algorithm)
     }
 
     /// Checks what the types alone do not express.
@@ -366,16 +323,7 @@ impl OnlineConfig {
         if b.max_tokens_per_micro_batch == 0 {
             bail!("[batch] max_tokens_per_micro_batch must be positive");
         }
-        let sd = &self.self_distillation;
-        if !(0.0..=1.0).contains(&sd.teacher_update_rate) {
-            bail!(
-                "[self_distillation] teacher_update_rate = {}: must lie in [0, 1]",
-                sd.teacher_update_rate
-            );
-        }
-        if sd.context.max_reprompt_len == 0 {
-            bail!("[self_distillation] max_reprompt_len must be positive");
-        }
+        self.self_distillation.validate()?;
         let positive = |x: f64| x > 0.0;
         if !positive(self.reward.timeout_s) {
             bail!("[reward] timeout_s must be positive");
@@ -422,7 +370,7 @@ mod tests {
         assert!(cfg.uses_teacher());
         assert_eq!(
             cfg.self_distillation.context.context,
-            crate::context::ContextMode::Reference
+            rlreplay_train::context::ContextMode::Reference
         );
         assert_eq!(cfg.trainer.dir.as_deref(), Some(Path::new("/tmp/x")));
         let again = OnlineConfig::parse(&cfg.to_toml().unwrap(), &[]).unwrap();

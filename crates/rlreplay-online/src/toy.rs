@@ -312,7 +312,9 @@ mod tests {
 
     #[test]
     fn teacher_prompts_keep_the_assistant_header_when_cut() {
-        use crate::context::{build_contexts, encode_teacher_prompt, ContextConfig, ContextRow};
+        use rlreplay_train::context::{
+            build_contexts, encode_teacher_prompt, ContextConfig, ContextRow,
+        };
         let dir = tempfile::tempdir().unwrap();
         write_tokenizer(dir.path()).unwrap();
         let tok = ChatTokenizer::from_dir(dir.path()).unwrap();

@@ -15,10 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use rlreplay_algo::{
-    compute_advantages, policy_loss, rollout_correction, AlgoConfig, MetricAccumulator, MicroBatch,
-    Normalizer,
-};
+use rlreplay_algo::AlgoConfig;
 use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
@@ -26,26 +23,17 @@ use rlreplay_eval::engine::{generate, Generation};
 use rlreplay_eval::sampling::SamplingParams;
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::TOKENIZER_FILES;
-use rlreplay_model::{
-    micro_batches, AdamW, AdamWConfig, DType, Device, LrSchedule, Qwen3, SeqPair,
-};
+use rlreplay_model::{AdamW, AdamWConfig, Device, LrSchedule, Qwen3, SeqPair};
 use rlreplay_reward::{RewardDispatch, RewardOutcome};
-use rlreplay_train::config::{Dtype, LrScheduleKind};
+use rlreplay_train::context::rollout_teacher_prompts;
 use rlreplay_train::rundir::{latest_checkpoint, write_atomic, Metrics, RunDir, TRAINER_STATE};
-use rlreplay_train::trainer::OPTIMIZER_STATE;
+use rlreplay_train::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
+use rlreplay_train::trainer::{with_threads, OPTIMIZER_STATE};
+use rlreplay_train::update::{stats, update, TeacherInputs, UpdateSettings};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{OnlineConfig, TeacherRegularization};
-use crate::context::{
-    build_contexts, context_metrics, encode_teacher_prompt, math_feedback, ContextRow,
-    TeacherContext,
-};
-use crate::teacher::ema_update;
-use crate::teacher_lp::teacher_logprobs;
+use crate::config::OnlineConfig;
 use crate::toy;
-
-/// Directory of the EMA teacher inside a checkpoint.
-const EMA_TEACHER: &str = "ema_teacher";
 /// Files of a Hugging Face model directory copied to the run root for the best checkpoint.
 const HF_FILES: [&str; 5] = [
     "config.json",
@@ -169,14 +157,6 @@ fn step_seed(seed: u64, step: u64, purpose: u64) -> u64 {
     rng.random()
 }
 
-fn compute_dtype(d: Dtype) -> DType {
-    match d {
-        Dtype::F32 => DType::F32,
-        Dtype::Bf16 => DType::BF16,
-        Dtype::F64 => DType::F64,
-    }
-}
-
 /// The online trainer.
 pub struct Trainer {
     cfg: OnlineConfig,
@@ -191,8 +171,7 @@ pub struct Trainer {
     opt: AdamW,
     lr: LrSchedule,
     /// Frozen initial model (trust region) or the EMA teacher.
-    teacher: Option<Qwen3>,
-    teacher_decoder: Option<Decoder>,
+    teacher: Option<Teacher>,
     rewards: RewardDispatch,
     state: TrainerState,
     run: RunDir,
@@ -206,7 +185,7 @@ impl Trainer {
         let out = opts.out.clone();
         fs::create_dir_all(out.join("results"))
             .with_context(|| format!("cannot create run directory {}", out.display()))?;
-        let dtype = compute_dtype(cfg.model.dtype);
+        let dtype = cfg.model.dtype.candle();
         let device = cfg.device()?;
         let initial = match &cfg.model.path {
             Some(p) => p.clone(),
@@ -284,45 +263,26 @@ impl Trainer {
                 None,
             ),
         };
-        let o = &cfg.optim;
-        let adamw = AdamWConfig {
-            beta1: o.betas[0],
-            beta2: o.betas[1],
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-            max_grad_norm: Some(o.grad_clip),
-        };
         let opt = match opt_path {
             Some(p) => AdamW::load(&p, &policy)?,
-            None => AdamW::new(&policy, adamw),
+            None => AdamW::new(&policy, cfg.optim.adamw()),
         };
         // The schedule advances once per RL step (after its mini-batches), as verl's actor does.
-        let total = cfg.trainer.total_training_steps;
-        let lr = match o.lr_schedule {
-            LrScheduleKind::Constant => LrSchedule::Constant { lr: o.lr },
-            LrScheduleKind::Warmup => LrSchedule::Warmup {
-                lr: o.lr,
-                warmup_steps: o.lr_warmup_steps,
-            },
-            LrScheduleKind::Cosine => LrSchedule::Cosine {
-                lr: o.lr,
-                warmup_steps: o.lr_warmup_steps,
-                total_steps: total,
-                min_lr_ratio: o.min_lr_ratio,
-            },
-        };
+        let lr = cfg.optim.lr_schedule(cfg.trainer.total_training_steps);
+        let sd = &cfg.self_distillation;
         let teacher = if cfg.uses_teacher() {
-            let dir = match (&resume, cfg.self_distillation.teacher_regularization) {
+            let dir = match (&resume, sd.teacher_regularization) {
                 (Some((_, d)), TeacherRegularization::Ema) => d.join(EMA_TEACHER),
                 _ => initial.clone(),
             };
-            Some(Qwen3::load(&dir, dtype, &device)?)
+            let model = Qwen3::load(&dir, dtype, &device)?;
+            Some(Teacher::new(
+                model,
+                sd.teacher_regularization,
+                sd.teacher_update_rate,
+            )?)
         } else {
             None
-        };
-        let teacher_decoder = match (&teacher, cfg.self_distillation.teacher_regularization) {
-            (Some(t), TeacherRegularization::TrustRegion) => Some(Decoder::new(t)?),
-            _ => None,
         };
         let mut rewards = RewardDispatch::default()
             .with_rules_str(&cfg.reward.rules)
@@ -348,7 +308,6 @@ impl Trainer {
             opt,
             lr,
             teacher,
-            teacher_decoder,
             rewards,
             state,
             run,
@@ -534,10 +493,11 @@ impl Trainer {
     fn save_checkpoint(&mut self) -> Result<()> {
         let step = self.state.global_step;
         let state = serde_json::to_string_pretty(&self.state)?;
-        let ema = match self.cfg.self_distillation.teacher_regularization {
-            TeacherRegularization::Ema => self.teacher.as_ref(),
-            TeacherRegularization::TrustRegion => None,
-        };
+        let ema = self
+            .teacher
+            .as_ref()
+            .filter(|t| t.regularization() == TeacherRegularization::Ema)
+            .map(Teacher::model);
         let dir = self.run.save_checkpoint(step, self.cfg.trainer.keep, |d| {
             self.save_model(&self.policy, d)?;
             self.opt.save(d.join(OPTIMIZER_STATE))?;
@@ -596,7 +556,6 @@ impl Trainer {
         // Score.
         let mut batch = RolloutBatch::empty(step as i64);
         let mut texts = Vec::with_capacity(gens.len());
-        let mut feedback = Vec::with_capacity(gens.len());
         let (mut errors, mut timeouts) = (0u64, 0u64);
         for g in &gens {
             let item = &self.train[picks[g.prompt]].item;
@@ -605,13 +564,6 @@ impl Trainer {
             let (reward, failure) = reward_of(&self.rewards.score(&item.data_source, gt, &text));
             errors += u64::from(failure == Some(RewardFailure::Error));
             timeouts += u64::from(failure == Some(RewardFailure::Timeout));
-            feedback.push(math_feedback(
-                reward >= cfg.self_distillation.context.success_reward_threshold,
-                text.contains("\\boxed{"),
-                g.truncated,
-                gt,
-                cfg.self_distillation.correctness_feedback,
-            ));
             batch.push_row(
                 &format!("{step}-{}", g.prompt),
                 &ids[g.prompt],
@@ -637,77 +589,61 @@ impl Trainer {
         write_shard(&self.out.join("rollouts"), &batch).context("writing the step's rollouts")?;
 
         // Teacher contexts.
-        let teacher_prompts = if cfg.uses_teacher() {
-            let rows: Vec<ContextRow<'_>> = gens
+        let prompts = if cfg.uses_teacher() {
+            let messages: Vec<&[Message]> = gens
                 .iter()
-                .enumerate()
-                .map(|(i, g)| {
-                    let item = &self.train[picks[g.prompt]].item;
-                    ContextRow {
-                        uid: &batch.uids[i],
-                        messages: &item.messages,
-                        response_text: &texts[i],
-                        score: f64::from(batch.scores[i]),
-                        feedback: Some(feedback[i].as_str()),
-                        ground_truth: item.ground_truth.as_deref(),
-                    }
-                })
+                .map(|g| self.train[picks[g.prompt]].item.messages.as_slice())
                 .collect();
+            let truncated: Vec<bool> = gens.iter().map(|g| g.truncated).collect();
             // The teacher's chat template follows the data's thinking switch unless set apart.
-            let mut sd_cfg = cfg.self_distillation.context.clone();
-            sd_cfg.enable_thinking = sd_cfg.enable_thinking.or(cfg.data.enable_thinking);
-            let sd = &sd_cfg;
-            let contexts = build_contexts(&rows, sd)?;
-            metrics.extend(context_metrics(&contexts));
-            let mut dropped = 0usize;
-            let mut prompts: Vec<Vec<u32>> = Vec::with_capacity(contexts.len());
-            let mut cut = 0usize;
-            for c in &contexts {
-                if !c.active() {
-                    prompts.push(Vec::new());
-                    continue;
-                }
-                match encode_teacher_prompt(c, sd, &self.chat) {
-                    Ok(p) => {
-                        cut += usize::from(p.truncated);
-                        prompts.push(p.ids);
-                    }
-                    Err(_) => {
-                        dropped += 1;
-                        prompts.push(Vec::new());
-                    }
-                }
-            }
-            metrics.insert(
-                "self_distillation/teacher_prompt_truncated".into(),
-                cut as f64,
-            );
-            metrics.insert(
-                "self_distillation/teacher_prompt_dropped".into(),
-                dropped as f64,
-            );
-            Some((contexts, prompts))
+            let mut sd = cfg.self_distillation.context.clone();
+            sd.enable_thinking = sd.enable_thinking.or(cfg.data.enable_thinking);
+            let (prompts, m) = rollout_teacher_prompts(
+                &batch,
+                &messages,
+                &texts,
+                &truncated,
+                cfg.self_distillation.correctness_feedback,
+                &sd,
+                &self.chat,
+            )?;
+            metrics.extend(m);
+            Some(prompts)
         } else {
             None
         };
 
-        let applied_before = self.state.optimizer_steps;
-        let update = self.update(
+        let mut algo: AlgoConfig = cfg.algorithm.clone();
+        algo.global_step = Some(step);
+        let settings = UpdateSettings {
+            temperature: cfg.rollout.temperature,
+            ppo_mini_batch_size: cfg.batch.ppo_mini_batch_size,
+            ppo_epochs: cfg.batch.ppo_epochs,
+            max_tokens_per_micro_batch: cfg.batch.max_tokens_per_micro_batch,
+            lr: self.lr.lr_at(step - 1),
+        };
+        let teacher = match (&self.teacher, &prompts) {
+            (Some(t), Some(p)) => Some(TeacherInputs {
+                teacher: t,
+                prompts: p,
+                success_threshold: cfg.self_distillation.context.success_reward_threshold,
+            }),
+            _ => None,
+        };
+        let out = update(
+            &mut self.policy,
+            &mut self.opt,
+            &algo,
             &batch,
-            teacher_prompts
-                .as_ref()
-                .map(|(c, p)| (c.as_slice(), p.as_slice())),
-            step,
+            &settings,
+            teacher.as_ref(),
         )?;
-        metrics.extend(update);
-        // The EMA teacher follows the student after a step that applied at least one update.
-        if let (Some(t), TeacherRegularization::Ema) =
-            (&self.teacher, cfg.self_distillation.teacher_regularization)
-        {
-            if self.state.optimizer_steps > applied_before {
-                ema_update(t, &self.policy, cfg.self_distillation.teacher_update_rate)?;
-            }
-        }
+        self.state.optimizer_steps += out.applied;
+        self.state.skipped_updates += out.skipped;
+        metrics.extend(out.metrics);
+        metrics.insert("train/skipped_updates".into(), out.skipped as f64);
+        // The column name of the run directory's training_scores.csv.
+        metrics.insert("train/skipped_steps".into(), out.skipped as f64);
         self.state.sampler = sampler;
         self.state.global_step = step;
         let n = batch.len();
@@ -735,202 +671,6 @@ impl Trainer {
         );
         Ok(metrics)
     }
-
-    /// Advantages, rollout correction, and the mini-batch updates of one step.
-    fn update(
-        &mut self,
-        batch: &RolloutBatch,
-        teacher: Option<(&[TeacherContext], &[Vec<u32>])>,
-        step: u64,
-    ) -> Result<Metrics> {
-        let cfg = &self.cfg;
-        let mut algo: AlgoConfig = cfg.algorithm.clone();
-        algo.global_step = Some(step);
-        let tau = cfg.rollout.temperature;
-        let n = batch.len();
-        let offsets = &batch.response_offsets;
-        let rollout: Vec<f64> = batch
-            .rollout_log_probs
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect();
-        let pairs: Vec<SeqPair<'_>> = (0..n)
-            .map(|i| SeqPair::new(batch.prompt(i), batch.response(i)))
-            .collect();
-        let groups = batch.groups();
-        let mb_groups = cfg.batch.ppo_mini_batch_size.unwrap_or(groups.len()).max(1);
-        let minibatches: Vec<std::ops::Range<usize>> = groups
-            .chunks(mb_groups)
-            .map(|c| c[0].start..c[c.len() - 1].end)
-            .collect();
-        let updates = minibatches.len() * cfg.batch.ppo_epochs as usize;
-        let budget = cfg.batch.max_tokens_per_micro_batch;
-        let logprobs = |model: &Qwen3, p: &[SeqPair<'_>]| -> Result<Vec<f64>> {
-            let mut out = Vec::new();
-            for c in micro_batches(p, budget) {
-                out.extend(
-                    model
-                        .logprobs(&p[c], tau, false)?
-                        .logprobs
-                        .into_iter()
-                        .flatten(),
-                );
-            }
-            Ok(out)
-        };
-        let mut metrics = Metrics::new();
-        let rs = !algo.rejection_options()?.is_empty();
-        let old: Option<Vec<f64>> = if algo.rollout_is.is_some() || rs || updates > 1 {
-            Some(logprobs(&self.policy, &pairs)?)
-        } else {
-            None
-        };
-        let correction = match &old {
-            Some(o) => Some(rollout_correction(&algo, offsets, o, &rollout, None)?),
-            None => None,
-        };
-        if let Some(c) = &correction {
-            metrics.extend(c.metrics.clone());
-        }
-        let mask: Vec<bool> = correction
-            .as_ref()
-            .map_or_else(|| vec![true; rollout.len()], |c| c.mask.clone());
-        let scores: Vec<f64> = batch.scores.iter().map(|&s| f64::from(s)).collect();
-        let adv = compute_advantages(&algo, &batch.uids, &scores, offsets, Some(&mask))?;
-        metrics.extend(adv.metrics.clone());
-        let sd_active: Option<Vec<bool>> = teacher.map(|(c, p)| {
-            c.iter()
-                .zip(p)
-                .map(|(c, p)| c.active() && !p.is_empty())
-                .collect()
-        });
-        let correct: Vec<bool> = scores
-            .iter()
-            .map(|&s| s >= cfg.self_distillation.context.success_reward_threshold)
-            .collect();
-        let lr = self.lr.lr_at(step - 1);
-        let mut mb_metrics: Vec<Metrics> = Vec::new();
-        let mut grad_norms = Vec::new();
-        let mut skipped = 0u64;
-        for _epoch in 0..cfg.batch.ppo_epochs {
-            for rows in &minibatches {
-                let tok = offsets[rows.start]..offsets[rows.end];
-                let off = &offsets[rows.start..=rows.end];
-                let norm = Normalizer::new(&algo, off, Some(&mask[tok]))?;
-                let mut acc = MetricAccumulator::new();
-                let mut finite = true;
-                for lm in norm.micro_batches() {
-                    let r = rows.start + lm.start..rows.start + lm.end;
-                    let t = offsets[r.start]..offsets[r.end];
-                    let lp_now = logprobs(&self.policy, &pairs[r.clone()])?;
-                    let teacher_lp: Option<Vec<f64>> = match teacher {
-                        Some((_, prompts)) => {
-                            let cur = match cfg.self_distillation.teacher_regularization {
-                                TeacherRegularization::TrustRegion => {
-                                    Some(Decoder::new(&self.policy)?)
-                                }
-                                TeacherRegularization::Ema => None,
-                            };
-                            let ema = match (&self.teacher_decoder, &self.teacher) {
-                                (Some(_), _) => None,
-                                (None, Some(t)) => Some(Decoder::new(t)?),
-                                (None, None) => bail!("self-distillation without a teacher model"),
-                            };
-                            let tdec = self
-                                .teacher_decoder
-                                .as_ref()
-                                .or(ema.as_ref())
-                                .expect("a teacher decoder");
-                            let ps: Vec<&[u32]> =
-                                prompts[r.clone()].iter().map(Vec::as_slice).collect();
-                            let ys: Vec<&[u32]> = (r.clone()).map(|i| batch.response(i)).collect();
-                            let lp = teacher_logprobs(
-                                tdec,
-                                cur.as_ref(),
-                                cfg.self_distillation.teacher_update_rate,
-                                tau,
-                                &ps,
-                                &ys,
-                            )?;
-                            Some(lp.into_iter().flatten().collect())
-                        }
-                        None => None,
-                    };
-                    let old_t = old.as_ref().map(|o| o[t.clone()].to_vec());
-                    let isw = correction
-                        .as_ref()
-                        .and_then(|c| c.is_weights.as_ref())
-                        .map(|w| w[t.clone()].to_vec());
-                    let out = policy_loss(
-                        &algo,
-                        &norm,
-                        &MicroBatch {
-                            first_row: lm.start,
-                            offsets: &offsets[r.start..=r.end],
-                            logprobs: &lp_now,
-                            old_logprobs: old_t.as_deref(),
-                            rollout_logprobs: Some(&rollout[t.clone()]),
-                            token_advantages: &adv.tokens[t.clone()],
-                            is_weights: isw.as_deref(),
-                            mask: Some(&mask[t.clone()]),
-                            teacher_logprobs: teacher_lp.as_deref(),
-                            sd_active: sd_active.as_ref().map(|a| &a[r.clone()]),
-                            correct: Some(&correct[r.clone()]),
-                            ref_logprobs: None,
-                        },
-                    )?;
-                    if !out.loss.is_finite() || out.grad_logprobs.iter().any(|g| !g.is_finite()) {
-                        finite = false;
-                        break;
-                    }
-                    for c in micro_batches(&pairs[r.clone()], budget) {
-                        let g0 = offsets[r.start + c.start] - t.start;
-                        let g1 = offsets[r.start + c.end] - t.start;
-                        self.policy.forward_backward(
-                            &pairs[r.start + c.start..r.start + c.end],
-                            &out.grad_logprobs[g0..g1],
-                            tau,
-                        )?;
-                    }
-                    acc.add(&out.metrics, out.valid_tokens as f64);
-                }
-                if finite {
-                    let report = self.opt.step(&mut self.policy, lr)?;
-                    grad_norms.push(report.grad_norm);
-                    if report.skipped {
-                        skipped += 1;
-                    } else {
-                        self.state.optimizer_steps += 1;
-                    }
-                    metrics.insert("actor/lr".into(), lr);
-                    mb_metrics.push(acc.finish());
-                } else {
-                    self.policy.zero_grad();
-                    skipped += 1;
-                }
-            }
-        }
-        self.state.skipped_updates += skipped;
-        let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-        for m in &mb_metrics {
-            for (key, v) in m {
-                let e = sums.entry(key.clone()).or_default();
-                e.0 += v;
-                e.1 += 1;
-            }
-        }
-        metrics.extend(sums.into_iter().map(|(key, (s, c))| (key, s / c as f64)));
-        if !grad_norms.is_empty() {
-            metrics.insert(
-                "actor/grad_norm".into(),
-                grad_norms.iter().sum::<f64>() / grad_norms.len() as f64,
-            );
-        }
-        metrics.insert("train/skipped_updates".into(), skipped as f64);
-        // The column name of the run directory's training_scores.csv.
-        metrics.insert("train/skipped_steps".into(), skipped as f64);
-        Ok(metrics)
-    }
 }
 
 /// Why a reward could not be computed.
@@ -952,23 +692,6 @@ pub fn reward_of(outcome: &RewardOutcome) -> (f64, Option<RewardFailure>) {
     } else {
         (outcome.reward, None)
     }
-}
-
-/// `mean`, `max`, `min` of `xs` under `prefix/`.
-fn stats(m: &mut Metrics, prefix: &str, xs: &[f64]) {
-    if xs.is_empty() {
-        return;
-    }
-    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-    m.insert(format!("{prefix}/mean"), mean);
-    m.insert(
-        format!("{prefix}/max"),
-        xs.iter().copied().fold(f64::MIN, f64::max),
-    );
-    m.insert(
-        format!("{prefix}/min"),
-        xs.iter().copied().fold(f64::MAX, f64::min),
-    );
 }
 
 /// The toy task's prompts as prompt items.
@@ -1042,7 +765,7 @@ fn make_toy_model(cfg: &OnlineConfig, dir: &Path) -> Result<()> {
     let mut model = Qwen3::new_random(
         cfg.model.toy.config(),
         cfg.model.init_seed,
-        compute_dtype(cfg.model.dtype),
+        cfg.model.dtype.candle(),
         &Device::Cpu,
     )?;
     if cfg.model.warmup_steps > 0 {
@@ -1158,19 +881,10 @@ fn write_hyperparameters(cfg: &OnlineConfig, prov: &Provenance, path: &Path) -> 
 
 /// Runs (or resumes) an online training run.
 pub fn run(opts: &RunOptions) -> Result<RunSummary> {
-    let threads = opts.config.trainer.threads;
-    let go = || -> Result<RunSummary> {
+    with_threads(opts.config.trainer.threads, || {
         let mut t = Trainer::new(opts)?;
         t.run(opts.stop_after)
-    };
-    if threads > 0 {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .context("cannot start the worker threads")?;
-        return pool.install(go);
-    }
-    go()
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use rlreplay_algo::{AlgoConfig, LossMode};
 use rlreplay_data::StepRange;
+use rlreplay_model::{AdamWConfig, DType, LrSchedule};
 use serde::{Deserialize, Serialize};
+
+use crate::context::ContextConfig;
+use crate::teacher::TeacherRegularization;
 
 /// The whole configuration of a replay run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +27,9 @@ pub struct ReplayConfig {
     /// Advantage estimator, policy loss, rollout correction (the keys of `rlreplay compute`).
     #[serde(default)]
     pub algorithm: AlgorithmSection,
+    /// Self-distillation (`loss_mode = "rlsd"` / `"rlrt"`): teacher contexts and the teacher.
+    #[serde(default)]
+    pub self_distillation: SelfDistillationSection,
     /// Optimizer and learning-rate schedule.
     #[serde(default)]
     pub optim: OptimSection,
@@ -48,6 +55,17 @@ pub enum Dtype {
     Bf16,
     /// 64-bit floats everywhere (verification against float64 references).
     F64,
+}
+
+impl Dtype {
+    /// The candle dtype of this precision.
+    pub fn candle(self) -> DType {
+        match self {
+            Dtype::F32 => DType::F32,
+            Dtype::Bf16 => DType::BF16,
+            Dtype::F64 => DType::F64,
+        }
+    }
 }
 
 /// `[model]`: a Hugging Face Qwen3 directory, or a randomly initialised model.
@@ -227,17 +245,11 @@ pub struct AlgorithmSection {
 }
 
 impl AlgorithmSection {
-    /// The algorithm layer's configuration, refusing what replay cannot provide (teacher
-    /// log-probs for `rlsd`/`rlrt`, a reference policy for the KL loss).
+    /// The algorithm layer's configuration, refusing what replay cannot provide (a reference
+    /// policy for the KL loss).
     pub fn algo_config(&self) -> Result<AlgoConfig> {
         let algo: AlgoConfig = self.params.clone().try_into().context("[algorithm]")?;
         algo.validate().context("[algorithm]")?;
-        if matches!(algo.loss_mode, LossMode::Rlsd | LossMode::Rlrt) {
-            bail!(
-                "[algorithm] loss_mode = {:?}: replay has no teacher log-probs; use ppo or reinforce",
-                algo.loss_mode.name()
-            );
-        }
         if algo.use_kl_loss {
             bail!("[algorithm] use_kl_loss = true: replay has no reference policy");
         }
@@ -252,6 +264,59 @@ impl Default for AlgorithmSection {
             params: toml::Table::new(),
         }
     }
+}
+
+/// `[self_distillation]`: teacher contexts and the teacher (used by `rlsd` / `rlrt`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfDistillationSection {
+    /// Trust-region or EMA teacher.
+    #[serde(default)]
+    pub teacher_regularization: TeacherRegularization,
+    /// α of the trust region, or η of the EMA.
+    #[serde(default = "default_teacher_rate")]
+    pub teacher_update_rate: f64,
+    /// Give the teacher the reference answer in the math feedback (`sibling+feedback` mode).
+    #[serde(default)]
+    pub correctness_feedback: bool,
+    /// Teacher-context construction.
+    #[serde(flatten)]
+    pub context: ContextConfig,
+}
+
+fn default_teacher_rate() -> f64 {
+    0.1
+}
+
+impl Default for SelfDistillationSection {
+    fn default() -> Self {
+        Self {
+            teacher_regularization: TeacherRegularization::TrustRegion,
+            teacher_update_rate: default_teacher_rate(),
+            correctness_feedback: false,
+            context: ContextConfig::default(),
+        }
+    }
+}
+
+impl SelfDistillationSection {
+    /// Checks value ranges.
+    pub fn validate(&self) -> Result<()> {
+        if !(0.0..=1.0).contains(&self.teacher_update_rate) {
+            bail!(
+                "[self_distillation] teacher_update_rate = {}: must lie in [0, 1]",
+                self.teacher_update_rate
+            );
+        }
+        if self.context.max_reprompt_len == 0 {
+            bail!("[self_distillation] max_reprompt_len must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Whether `loss_mode` needs teacher log-probs (`rlsd` / `rlrt`).
+pub fn uses_teacher(algo: &AlgoConfig) -> bool {
+    matches!(algo.loss_mode, LossMode::Rlsd | LossMode::Rlrt)
 }
 
 /// Learning-rate schedule.
@@ -295,6 +360,36 @@ pub struct OptimSection {
     /// Final rate of the cosine schedule as a fraction of `lr`.
     #[serde(default)]
     pub min_lr_ratio: f64,
+}
+
+impl OptimSection {
+    /// The learning-rate schedule over `total_steps` optimizer-schedule steps.
+    pub fn lr_schedule(&self, total_steps: u64) -> LrSchedule {
+        match self.lr_schedule {
+            LrScheduleKind::Constant => LrSchedule::Constant { lr: self.lr },
+            LrScheduleKind::Warmup => LrSchedule::Warmup {
+                lr: self.lr,
+                warmup_steps: self.lr_warmup_steps,
+            },
+            LrScheduleKind::Cosine => LrSchedule::Cosine {
+                lr: self.lr,
+                warmup_steps: self.lr_warmup_steps,
+                total_steps,
+                min_lr_ratio: self.min_lr_ratio,
+            },
+        }
+    }
+
+    /// The AdamW settings (gradient clipping included).
+    pub fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            beta1: self.betas[0],
+            beta2: self.betas[1],
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            max_grad_norm: Some(self.grad_clip),
+        }
+    }
 }
 
 impl Default for OptimSection {
@@ -441,7 +536,15 @@ impl ReplayConfig {
         if self.model.path.is_none() == self.model.random.is_none() {
             bail!("[model]: give exactly one of `path` and `random`");
         }
-        self.algorithm.algo_config()?;
+        let algo = self.algorithm.algo_config()?;
+        if uses_teacher(&algo) && self.model.path.is_none() {
+            bail!(
+                "[algorithm] loss_mode = {:?} needs [model] path: the teacher contexts are decoded \
+                 with the model directory's tokenizer.json",
+                algo.loss_mode.name()
+            );
+        }
+        self.self_distillation.validate()?;
         if !(self.algorithm.temperature > 0.0 && self.algorithm.temperature.is_finite()) {
             bail!(
                 "[algorithm] temperature = {}: must be a positive number",

@@ -1,12 +1,9 @@
 //! The replay loop: one trainer step per planned step, checkpoints, resume.
 //!
-//! One trainer step: read the source shard -> select rows per the schedule -> (when configured)
-//! the policy's log-probs before the update and the rollout correction against the logged
-//! behaviour log-probs -> advantages over the groups -> mini-batches of whole groups, in order ->
-//! per mini-batch: normalisers over the whole mini-batch, micro-batches packed up to the token
-//! budget, model log-probs, loss and dL/dℓ from the algorithm layer, backward, then clip and
-//! AdamW -> metrics. Every random choice derives from the seeds and the trainer step, so a run
-//! continued from a checkpoint is bit-identical to an uninterrupted one.
+//! One trainer step: read the source shard -> select rows per the schedule -> (`rlsd` / `rlrt`)
+//! decode the rows and build the teacher prompts -> the update of [`crate::update`] -> metrics.
+//! Every random choice derives from the seeds and the trainer step, so a run continued from a
+//! checkpoint is bit-identical to an uninterrupted one.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -14,20 +11,18 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
-use rlreplay_algo::metrics::{merge_rule, Merge};
-use rlreplay_algo::{
-    compute_advantages, off_policy_metrics, policy_loss, rollout_correction, AlgoConfig, LossMode,
-    MetricAccumulator, MicroBatch, Normalizer,
-};
+use rlreplay_algo::AlgoConfig;
 use rlreplay_data::{resolve_hub_path, Dataset, ReadOptions, RolloutBatch};
-use rlreplay_model::{
-    micro_batches, AdamW, AdamWConfig, DType, Device, LrSchedule, Qwen3, SeqPair,
-};
+use rlreplay_eval::chat::ChatTokenizer;
+use rlreplay_model::{AdamW, Device, LrSchedule, Qwen3};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{parse_steps, Dtype, LrScheduleKind, ReplayConfig};
+use crate::config::{parse_steps, uses_teacher, ReplayConfig};
+use crate::context::{check_columns, logged_teacher_prompts};
 use crate::rundir::{latest_checkpoint, Metrics, RunDir, TRAINER_STATE};
 use crate::schedule::{plan, select_rows, step_rng, PlannedStep, SUCCESS_THRESHOLD};
+use crate::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
+use crate::update::{stats, update, TeacherInputs, UpdateSettings};
 
 /// Version of the trainer-state format.
 const STATE_FORMAT: u32 = 1;
@@ -89,21 +84,21 @@ pub struct TrainerState {
 
 /// Runs (or resumes) a replay.
 pub fn run(opts: &RunOptions) -> Result<RunSummary> {
-    let threads = opts.config.run.threads;
-    if threads > 0 {
-        // candle's CPU kernels size their work split from this variable.
-        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-        let pool = rayon_pool(threads)?;
-        return pool.install(|| run_inner(opts));
-    }
-    run_inner(opts)
+    with_threads(opts.config.run.threads, || run_inner(opts))
 }
 
-fn rayon_pool(threads: usize) -> Result<rayon::ThreadPool> {
+/// Runs `f` on `threads` worker threads (0: the default pool over every core).
+pub fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    if threads == 0 {
+        return f();
+    }
+    // candle's CPU kernels size their work split from this variable.
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
-        .context("cannot start the worker threads")
+        .context("cannot start the worker threads")?
+        .install(f)
 }
 
 fn run_inner(opts: &RunOptions) -> Result<RunSummary> {
@@ -176,41 +171,8 @@ struct Trainer {
     lr: LrSchedule,
     state: TrainerState,
     run: RunDir,
-}
-
-fn lr_schedule(cfg: &ReplayConfig, total_steps: u64) -> LrSchedule {
-    let o = &cfg.optim;
-    match o.lr_schedule {
-        LrScheduleKind::Constant => LrSchedule::Constant { lr: o.lr },
-        LrScheduleKind::Warmup => LrSchedule::Warmup {
-            lr: o.lr,
-            warmup_steps: o.lr_warmup_steps,
-        },
-        LrScheduleKind::Cosine => LrSchedule::Cosine {
-            lr: o.lr,
-            warmup_steps: o.lr_warmup_steps,
-            total_steps,
-            min_lr_ratio: o.min_lr_ratio,
-        },
-    }
-}
-
-fn adamw_config(cfg: &ReplayConfig) -> AdamWConfig {
-    AdamWConfig {
-        beta1: cfg.optim.betas[0],
-        beta2: cfg.optim.betas[1],
-        eps: cfg.optim.eps,
-        weight_decay: cfg.optim.weight_decay,
-        max_grad_norm: Some(cfg.optim.grad_clip),
-    }
-}
-
-fn compute_dtype(d: Dtype) -> DType {
-    match d {
-        Dtype::F32 => DType::F32,
-        Dtype::Bf16 => DType::BF16,
-        Dtype::F64 => DType::F64,
-    }
+    /// Self-distillation (`rlsd` / `rlrt`): the teacher and the tokenizer that decodes the rows.
+    sd: Option<(Teacher, ChatTokenizer)>,
 }
 
 /// The files of a Hugging Face model directory that loading needs.
@@ -218,6 +180,26 @@ fn model_file(name: &str) -> bool {
     name.ends_with(".safetensors")
         || (name.ends_with(".json") && !name.contains('/'))
         || name == "tokenizer.model"
+}
+
+/// How the shards are read: strict, with the configured EOS and (when on) the vocabulary check.
+fn read_options(cfg: &ReplayConfig, model: &Qwen3) -> ReadOptions {
+    ReadOptions {
+        lenient: false,
+        eos: cfg.data.eos_token_id,
+        vocab: cfg
+            .data
+            .vocab_check
+            .then_some(model.config().vocab_size as u32),
+    }
+}
+
+/// The shard of a planned step, for error messages.
+fn source(dataset: &Dataset, ps: &PlannedStep) -> String {
+    match dataset.shard(ps.source_step) {
+        Some(p) => p.display().to_string(),
+        None => format!("dataset step {}", ps.source_step),
+    }
 }
 
 /// A run directory that already holds a run (so a fresh start would mix two runs).
@@ -246,7 +228,7 @@ impl Trainer {
             None => available.clone(),
         };
         let plan = plan(&cfg.schedule, &selected, &available)?;
-        let lr = lr_schedule(&cfg, plan.len() as u64);
+        let lr = cfg.optim.lr_schedule(plan.len() as u64);
         let resolved = cfg.to_toml()?;
         let config_path = out.join("config.toml");
 
@@ -277,7 +259,14 @@ impl Trainer {
         };
 
         let device = Device::Cpu;
-        let dtype = compute_dtype(cfg.model.dtype);
+        let dtype = cfg.model.dtype.candle();
+        let model_dir = match &cfg.model.path {
+            Some(path) => Some(
+                resolve_hub_path(&path.to_string_lossy(), &model_file)
+                    .with_context(|| format!("[model] path = {}", path.display()))?,
+            ),
+            None => None,
+        };
         let (model, opt, state) = match &resume_from {
             Some((step, dir)) => {
                 let model = Qwen3::load(dir, dtype, &device)
@@ -300,17 +289,14 @@ impl Trainer {
                 (model, opt, state)
             }
             None => {
-                let model = match (&cfg.model.path, &cfg.model.random) {
-                    (Some(path), _) => {
-                        let dir = resolve_hub_path(&path.to_string_lossy(), &model_file)?;
-                        Qwen3::load(&dir, dtype, &device)
-                            .with_context(|| format!("[model] path = {}", path.display()))?
-                    }
+                let model = match (&model_dir, &cfg.model.random) {
+                    (Some(dir), _) => Qwen3::load(dir, dtype, &device)
+                        .with_context(|| format!("[model] path = {}", dir.display()))?,
                     (None, Some(r)) => Qwen3::new_random(r.to_config(), r.seed, dtype, &device)
                         .context("[model] random")?,
                     (None, None) => bail!("[model]: give `path` or `random`"),
                 };
-                let opt = AdamW::new(&model, adamw_config(&cfg));
+                let opt = AdamW::new(&model, cfg.optim.adamw());
                 let state = TrainerState {
                     format: STATE_FORMAT,
                     global_step: 0,
@@ -324,6 +310,42 @@ impl Trainer {
                 (model, opt, state)
             }
         };
+        let sd = match &model_dir {
+            Some(dir) if uses_teacher(&algo) => {
+                for f in ["tokenizer.json", "tokenizer_config.json"] {
+                    ensure!(
+                        dir.join(f).is_file(),
+                        "[algorithm] loss_mode = {:?}: the model directory has no {f} \
+                         (the rows are decoded with it to build the teacher contexts): {}",
+                        algo.loss_mode.name(),
+                        dir.join(f).display()
+                    );
+                }
+                let chat = ChatTokenizer::from_dir(dir)?;
+                let sdc = &cfg.self_distillation;
+                let teacher_dir = match &resume_from {
+                    Some((_, ckpt)) if sdc.teacher_regularization == TeacherRegularization::Ema => {
+                        ckpt.join(EMA_TEACHER)
+                    }
+                    _ => dir.clone(),
+                };
+                let teacher_model = Qwen3::load(&teacher_dir, dtype, &device)
+                    .with_context(|| format!("loading the teacher {}", teacher_dir.display()))?;
+                let teacher = Teacher::new(
+                    teacher_model,
+                    sdc.teacher_regularization,
+                    sdc.teacher_update_rate,
+                )?;
+                Some((teacher, chat))
+            }
+            _ => None,
+        };
+        // Refuse at startup a dataset whose next step lacks a column the context mode needs.
+        if let (Some(_), Some(ps)) = (&sd, plan.get(state.global_step as usize)) {
+            let read = read_options(&cfg, &model);
+            let (batch, _) = dataset.read_step(ps.source_step, &read)?;
+            check_columns(&batch, &cfg.self_distillation, &source(&dataset, ps))?;
+        }
         let run = RunDir::open(out, state.global_step)?;
         crate::rundir::write_atomic(&config_path, resolved.as_bytes())?;
         Ok(Self {
@@ -336,6 +358,7 @@ impl Trainer {
             lr,
             state,
             run,
+            sd,
         })
     }
 
@@ -345,6 +368,11 @@ impl Trainer {
             .save_checkpoint(self.state.global_step, self.cfg.checkpoint.keep, |dir| {
                 self.model.save_hf(dir)?;
                 self.opt.save(dir.join(OPTIMIZER_STATE))?;
+                if let Some((t, _)) = &self.sd {
+                    if t.regularization() == TeacherRegularization::Ema {
+                        t.model().save_hf(dir.join(EMA_TEACHER))?;
+                    }
+                }
                 std::fs::write(dir.join(TRAINER_STATE), state)?;
                 Ok(())
             })
@@ -352,16 +380,9 @@ impl Trainer {
 
     /// Reads and selects the rows of one planned step.
     fn load_batch(&self, ps: &PlannedStep, metrics: &mut Metrics) -> Result<RolloutBatch> {
-        let read = ReadOptions {
-            lenient: false,
-            eos: self.cfg.data.eos_token_id,
-            vocab: self
-                .cfg
-                .data
-                .vocab_check
-                .then_some(self.model.config().vocab_size as u32),
-        };
-        let (batch, _report) = self.dataset.read_step(ps.source_step, &read)?;
+        let (batch, _report) = self
+            .dataset
+            .read_step(ps.source_step, &read_options(&self.cfg, &self.model))?;
         let groups = batch.groups();
         let eos = self.cfg.data.eos_token_id;
         let truncated: Vec<bool> = (0..batch.len()).map(|i| batch.truncated(i, eos)).collect();
@@ -393,189 +414,55 @@ impl Trainer {
         Ok(batch.select(&rows))
     }
 
-    /// Per-token log-probs of `pairs` under the current weights (no graph), packed into
-    /// micro-batches of the token budget; flat, in pair order.
-    fn logprobs(&self, pairs: &[SeqPair<'_>]) -> Result<Vec<f64>> {
-        let mut out = Vec::new();
-        for r in micro_batches(pairs, self.cfg.batch.max_tokens_per_micro_batch) {
-            let lp = self
-                .model
-                .logprobs(&pairs[r], self.cfg.algorithm.temperature, false)?;
-            out.extend(lp.logprobs.into_iter().flatten());
-        }
-        Ok(out)
-    }
-
     fn step(&mut self, ps: &PlannedStep) -> Result<Metrics> {
         let started = Instant::now();
         let mut metrics = Metrics::new();
         let batch = self.load_batch(ps, &mut metrics)?;
         let mut algo = self.algo.clone();
         algo.global_step = Some(ps.global_step);
-        let lr = self.lr.lr_at(ps.global_step - 1);
         let n = batch.len();
         let offsets = &batch.response_offsets;
-        let rollout: Vec<f64> = batch
-            .rollout_log_probs
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect();
-        let pairs: Vec<SeqPair<'_>> = (0..n)
-            .map(|i| SeqPair::new(batch.prompt(i), batch.response(i)))
-            .collect();
-        let groups = batch.groups();
-        let mb_groups = self
-            .cfg
-            .batch
-            .ppo_mini_batch_size
-            .unwrap_or(groups.len())
-            .max(1);
-        let minibatches: Vec<std::ops::Range<usize>> = groups
-            .chunks(mb_groups)
-            .map(|c| c[0].start..c[c.len() - 1].end)
-            .collect();
-        let updates = minibatches.len() * self.cfg.batch.ppo_epochs as usize;
-
-        // ℓ_old (the policy before this step's updates) when the loss or the correction needs it.
-        let rs = !algo.rejection_options()?.is_empty();
-        let old: Option<Vec<f64>> = if algo.bypass_mode {
-            Some(rollout.clone())
-        } else if algo.rollout_is.is_some()
-            || rs
-            || (algo.loss_mode == LossMode::Ppo && updates > 1)
-        {
-            Some(self.logprobs(&pairs)?)
-        } else {
-            None
-        };
-        let old_finite = old.as_ref().is_none_or(|o| o.iter().all(|x| x.is_finite()));
-        let correction = match &old {
-            Some(o) if old_finite && (algo.rollout_is.is_some() || rs || algo.bypass_mode) => {
-                Some(rollout_correction(&algo, offsets, o, &rollout, None)?)
+        let sd = &self.cfg.self_distillation;
+        let prompts = match &self.sd {
+            Some((_, chat)) => {
+                let (p, m) = logged_teacher_prompts(
+                    &batch,
+                    sd,
+                    chat,
+                    self.cfg.data.eos_token_id,
+                    &source(&self.dataset, ps),
+                )?;
+                metrics.extend(m);
+                Some(p)
             }
+            None => None,
+        };
+        let teacher = match (&self.sd, &prompts) {
+            (Some((t, _)), Some(p)) => Some(TeacherInputs {
+                teacher: t,
+                prompts: p,
+                success_threshold: sd.context.success_reward_threshold,
+            }),
             _ => None,
         };
-        let mask: Vec<bool> = match &correction {
-            Some(c) => c.mask.clone(),
-            None => vec![true; rollout.len()],
+        let settings = UpdateSettings {
+            temperature: self.cfg.algorithm.temperature,
+            ppo_mini_batch_size: self.cfg.batch.ppo_mini_batch_size,
+            ppo_epochs: self.cfg.batch.ppo_epochs,
+            max_tokens_per_micro_batch: self.cfg.batch.max_tokens_per_micro_batch,
+            lr: self.lr.lr_at(ps.global_step - 1),
         };
-        let scores: Vec<f64> = batch.scores.iter().map(|&s| f64::from(s)).collect();
-        let adv = compute_advantages(&algo, &batch.uids, &scores, offsets, Some(&mask))?;
-        metrics.extend(adv.metrics.clone());
-
-        // A loss whose gradient does not depend on the current log-probs (REINFORCE, or PPO at
-        // ratio 1) needs a single forward pass per micro-batch.
-        let two_pass = old.is_some() && (algo.loss_mode == LossMode::Ppo || algo.bypass_mode);
-        let mut current = vec![f64::NAN; rollout.len()];
-        let mut mb_metrics: Vec<Metrics> = Vec::new();
-        let mut skipped = 0u64;
-        let mut grad_norms = Vec::new();
-        for epoch in 0..self.cfg.batch.ppo_epochs {
-            for rows in &minibatches {
-                let tok = offsets[rows.start]..offsets[rows.end];
-                let off = &offsets[rows.start..=rows.end];
-                let norm = Normalizer::new(&algo, off, Some(&mask[tok.clone()]))?;
-                let mut acc = MetricAccumulator::new();
-                let mut finite = old_finite;
-                for lm in norm.micro_batches() {
-                    if !finite {
-                        break;
-                    }
-                    let r = rows.start + lm.start..rows.start + lm.end;
-                    let t = offsets[r.start]..offsets[r.end];
-                    let sub = |xs: &[f64]| -> Vec<f64> { xs[t.clone()].to_vec() };
-                    let lp_in = if two_pass {
-                        self.logprobs(&pairs[r.clone()])?
-                    } else {
-                        sub(&rollout)
-                    };
-                    if lp_in.iter().any(|x| !x.is_finite()) {
-                        finite = false;
-                        break;
-                    }
-                    let old_t = old.as_ref().map(|o| sub(o));
-                    let isw = correction
-                        .as_ref()
-                        .and_then(|c| c.is_weights.as_ref())
-                        .map(|w| sub(w));
-                    let loss_at = |lp: &[f64]| {
-                        policy_loss(
-                            &algo,
-                            &norm,
-                            &MicroBatch {
-                                first_row: lm.start,
-                                offsets: &offsets[r.start..=r.end],
-                                logprobs: lp,
-                                old_logprobs: old_t.as_deref(),
-                                rollout_logprobs: Some(&rollout[t.clone()]),
-                                token_advantages: &adv.tokens[t.clone()],
-                                is_weights: isw.as_deref(),
-                                mask: Some(&mask[t.clone()]),
-                                ..Default::default()
-                            },
-                        )
-                    };
-                    let out = loss_at(&lp_in)?;
-                    if !out.loss.is_finite() || out.grad_logprobs.iter().any(|g| !g.is_finite()) {
-                        finite = false;
-                        break;
-                    }
-                    let mut lp_now = Vec::with_capacity(t.len());
-                    let budget = self.cfg.batch.max_tokens_per_micro_batch;
-                    for c in micro_batches(&pairs[r.clone()], budget) {
-                        let g0 = offsets[r.start + c.start] - t.start;
-                        let g1 = offsets[r.start + c.end] - t.start;
-                        let lp = self.model.forward_backward(
-                            &pairs[r.start + c.start..r.start + c.end],
-                            &out.grad_logprobs[g0..g1],
-                            self.cfg.algorithm.temperature,
-                        )?;
-                        lp_now.extend(lp.into_iter().flatten());
-                    }
-                    if lp_now.iter().any(|x| !x.is_finite()) {
-                        finite = false;
-                        break;
-                    }
-                    if epoch == 0 {
-                        current[t.clone()].copy_from_slice(&lp_now);
-                    }
-                    let out = if two_pass { out } else { loss_at(&lp_now)? };
-                    acc.add(&out.metrics, out.valid_tokens as f64);
-                }
-                if finite {
-                    let report = self.opt.step(&mut self.model, lr)?;
-                    grad_norms.push(report.grad_norm);
-                    if report.skipped {
-                        skipped += 1;
-                    } else {
-                        self.state.optimizer_steps += 1;
-                    }
-                    mb_metrics.push(acc.finish());
-                } else {
-                    self.model.zero_grad();
-                    skipped += 1;
-                }
-            }
-        }
+        let out = update(
+            &mut self.model,
+            &mut self.opt,
+            &algo,
+            &batch,
+            &settings,
+            teacher.as_ref(),
+        )?;
+        let (current, skipped) = (&out.current, out.skipped);
+        self.state.optimizer_steps += out.applied;
         self.state.skipped_updates += skipped;
-
-        // Off-policy diagnostics: the correction's (on ℓ_old, before rejection); else ℓ_old
-        // against the behaviour log-probs; else (and in bypass mode) the log-probs of the first
-        // epoch's forward passes, the first mini-batch's being ℓ_old.
-        if let Some(c) = &correction {
-            metrics.extend(c.metrics.clone());
-        }
-        let diagnostics = match (&correction, &old) {
-            (Some(_), _) if !algo.bypass_mode => None,
-            (_, Some(o)) if !algo.bypass_mode => Some(o.as_slice()),
-            _ => current
-                .iter()
-                .all(|x| x.is_finite())
-                .then_some(current.as_slice()),
-        };
-        if let Some(lp) = diagnostics.filter(|lp| lp.iter().all(|x| x.is_finite())) {
-            metrics.extend(off_policy_metrics(offsets, lp, &rollout, None)?);
-        }
         if current.iter().all(|x| x.is_finite()) {
             // Mean per-token log-prob of successful and of failed responses under the policy
             // being trained: the replay's learning signal at a glance.
@@ -590,12 +477,7 @@ impl Trainer {
                 }
             }
         }
-        metrics.extend(mean_over_minibatches(&mb_metrics));
-        if !grad_norms.is_empty() {
-            let gn = grad_norms.iter().sum::<f64>() / grad_norms.len() as f64;
-            metrics.insert("actor/grad_norm".into(), gn);
-        }
-        metrics.insert("actor/lr".into(), lr);
+        metrics.extend(out.metrics);
         let eos = self.cfg.data.eos_token_id;
         let resp: Vec<f64> = (0..n).map(|i| batch.response(i).len() as f64).collect();
         let prompt: Vec<f64> = (0..n).map(|i| batch.prompt(i).len() as f64).collect();
@@ -626,37 +508,4 @@ impl Trainer {
         );
         Ok(metrics)
     }
-}
-
-/// Step metrics from per-mini-batch metrics: extremes for `max`/`min` metrics, means otherwise.
-fn mean_over_minibatches(mbs: &[Metrics]) -> Metrics {
-    let mut out = Metrics::new();
-    for m in mbs {
-        for (k, &v) in m {
-            let e = out.entry(k.clone()).or_insert(match merge_rule(k) {
-                Merge::Max => f64::NEG_INFINITY,
-                Merge::Min => f64::INFINITY,
-                _ => 0.0,
-            });
-            match merge_rule(k) {
-                Merge::Max => *e = e.max(v),
-                Merge::Min => *e = e.min(v),
-                _ => *e += v / mbs.len() as f64,
-            }
-        }
-    }
-    out
-}
-
-fn stats(m: &mut Metrics, prefix: &str, xs: &[f64]) {
-    let n = xs.len().max(1) as f64;
-    m.insert(format!("{prefix}/mean"), xs.iter().sum::<f64>() / n);
-    m.insert(
-        format!("{prefix}/max"),
-        xs.iter().copied().fold(0.0, f64::max),
-    );
-    m.insert(
-        format!("{prefix}/min"),
-        xs.iter().copied().reduce(f64::min).unwrap_or(0.0),
-    );
 }

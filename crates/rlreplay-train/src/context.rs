@@ -18,10 +18,14 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use regex::Regex;
+use rlreplay_data::RolloutBatch;
 use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
 use serde::{Deserialize, Serialize};
+
+use crate::config::SelfDistillationSection;
+use crate::rundir::Metrics;
 
 /// Where the teacher's privileged information comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -458,6 +462,184 @@ pub fn context_metrics(contexts: &[TeacherContext]) -> Vec<(String, f64)> {
     .collect()
 }
 
+/// Teacher prompt ids of every row (empty for a row without context, or whose prompt does not
+/// fit `max_reprompt_len` even without its demonstration) and the step's `self_distillation/*`
+/// context metrics (fractions, truncated and dropped prompts).
+fn teacher_prompts(
+    contexts: &[TeacherContext],
+    cfg: &ContextConfig,
+    enc: &dyn PromptEncoder,
+) -> Result<(Vec<Vec<u32>>, Metrics)> {
+    let mut metrics: Metrics = context_metrics(contexts).into_iter().collect();
+    let (mut cut, mut dropped) = (0usize, 0usize);
+    let mut prompts = Vec::with_capacity(contexts.len());
+    for c in contexts {
+        if !c.active() {
+            prompts.push(Vec::new());
+            continue;
+        }
+        match encode_teacher_prompt(c, cfg, enc) {
+            Ok(p) => {
+                cut += usize::from(p.truncated);
+                prompts.push(p.ids);
+            }
+            Err(_) => {
+                dropped += 1;
+                prompts.push(Vec::new());
+            }
+        }
+    }
+    metrics.insert(
+        "self_distillation/teacher_prompt_truncated".into(),
+        cut as f64,
+    );
+    metrics.insert(
+        "self_distillation/teacher_prompt_dropped".into(),
+        dropped as f64,
+    );
+    Ok((prompts, metrics))
+}
+
+const IM_START: &str = "<|im_start|>";
+const IM_END: &str = "<|im_end|>";
+
+/// The messages of a prompt rendered with a ChatML template (Qwen3's layout:
+/// `<|im_start|>role\ncontent<|im_end|>\n` per message, then the `<|im_start|>assistant\n`
+/// generation header, possibly with an empty thinking block); `None` when `text` is not in that
+/// layout.
+pub fn parse_chat_prompt(text: &str) -> Option<Vec<Message>> {
+    let mut parts = text.split(IM_START);
+    if !parts.next()?.trim().is_empty() {
+        return None;
+    }
+    let mut messages = Vec::new();
+    let mut header = false;
+    for part in parts {
+        if header {
+            return None;
+        }
+        let (role, rest) = part.split_once('\n')?;
+        match rest.split_once(IM_END) {
+            Some((content, tail)) if tail.trim().is_empty() => {
+                messages.push(Message::new(role, content));
+            }
+            Some(_) => return None,
+            None if role == "assistant" => header = true,
+            None => return None,
+        }
+    }
+    (header && !messages.is_empty()).then_some(messages)
+}
+
+/// Teacher prompts of a batch of rollouts (and the step's context metrics): `messages[i]` is
+/// row `i`'s prompt conversation, `texts[i]` its decoded response, `truncated[i]` whether it hit
+/// the length limit. The feedback on each row's own attempt is the math feedback.
+pub fn rollout_teacher_prompts(
+    batch: &RolloutBatch,
+    messages: &[&[Message]],
+    texts: &[String],
+    truncated: &[bool],
+    correctness_feedback: bool,
+    cfg: &ContextConfig,
+    enc: &dyn PromptEncoder,
+) -> Result<(Vec<Vec<u32>>, Metrics)> {
+    let feedback: Vec<String> = (0..batch.len())
+        .map(|i| {
+            math_feedback(
+                f64::from(batch.scores[i]) >= cfg.success_reward_threshold,
+                texts[i].contains("\\boxed{"),
+                truncated[i],
+                batch.ground_truth[i].as_deref().unwrap_or(""),
+                correctness_feedback,
+            )
+        })
+        .collect();
+    let rows: Vec<ContextRow<'_>> = (0..batch.len())
+        .map(|i| ContextRow {
+            uid: &batch.uids[i],
+            messages: messages[i],
+            response_text: &texts[i],
+            score: f64::from(batch.scores[i]),
+            feedback: Some(feedback[i].as_str()),
+            ground_truth: batch.ground_truth[i].as_deref(),
+        })
+        .collect();
+    let contexts = build_contexts(&rows, cfg)?;
+    teacher_prompts(&contexts, cfg, enc)
+}
+
+/// Teacher prompts for a logged batch: prompts and responses are decoded with `chat`'s tokenizer
+/// (a ChatML prompt gives back its messages, any other prompt becomes one user message); a
+/// response without `eos` at its end counts as truncated. `source` names the shard in errors.
+pub fn logged_teacher_prompts(
+    batch: &RolloutBatch,
+    sd: &SelfDistillationSection,
+    chat: &ChatTokenizer,
+    eos: u32,
+    source: &str,
+) -> Result<(Vec<Vec<u32>>, Metrics)> {
+    check_columns(batch, sd, source)?;
+    let n = batch.len();
+    let mut messages = Vec::with_capacity(n);
+    let mut texts = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = |what: &str| format!("{source}: row {i}: decoding the {what}");
+        let prompt = chat
+            .decode(batch.prompt(i), false)
+            .with_context(|| at("prompt"))?;
+        messages.push(match parse_chat_prompt(&prompt) {
+            Some(m) => m,
+            None => vec![Message::user(
+                chat.decode(batch.prompt(i), true)
+                    .with_context(|| at("prompt"))?,
+            )],
+        });
+        texts.push(
+            chat.decode(batch.response(i), true)
+                .with_context(|| at("response"))?,
+        );
+    }
+    let refs: Vec<&[Message]> = messages.iter().map(Vec::as_slice).collect();
+    let truncated: Vec<bool> = (0..n).map(|i| batch.truncated(i, eos)).collect();
+    rollout_teacher_prompts(
+        batch,
+        &refs,
+        &texts,
+        &truncated,
+        sd.correctness_feedback,
+        &sd.context,
+        chat,
+    )
+    .with_context(|| source.to_string())
+}
+
+/// Refuses a batch that lacks what the context mode needs: the `ground_truth` column in
+/// `reference` mode and for `correctness_feedback` in `sibling+feedback` mode.
+pub fn check_columns(
+    batch: &RolloutBatch,
+    sd: &SelfDistillationSection,
+    source: &str,
+) -> Result<()> {
+    let needs_truth = match sd.context.context {
+        ContextMode::Reference => Some("context = \"reference\""),
+        ContextMode::SiblingFeedback if sd.correctness_feedback => {
+            Some("context = \"sibling+feedback\" with correctness_feedback")
+        }
+        _ => None,
+    };
+    if let Some(why) = needs_truth {
+        if batch.ground_truth.iter().all(Option::is_none) {
+            bail!("{source}: [self_distillation] {why} needs the `ground_truth` column, which the data lacks");
+        }
+        if let Some(i) = batch.ground_truth.iter().position(Option::is_none) {
+            bail!(
+                "{source}: row {i}: [self_distillation] {why} needs `ground_truth`, which is null"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,6 +787,32 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("row 0"));
+    }
+
+    #[test]
+    fn chatml_prompts_give_back_their_messages() {
+        let qwen =
+            "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nWhat is 1+1?\nThink.<|im_end|>\n\
+                    <|im_start|>assistant\n<think>\n\n</think>\n\n";
+        assert_eq!(
+            parse_chat_prompt(qwen).unwrap(),
+            [
+                Message::system("sys"),
+                Message::user("What is 1+1?\nThink.")
+            ]
+        );
+        let plain = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(parse_chat_prompt(plain).unwrap(), [Message::user("Q")]);
+        for bad in [
+            "just text",
+            "x<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n",
+            "<|im_start|>user\nQ<|im_end|>\n",
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<|im_start|>user\nR",
+            "<|im_start|>user\nQ<|im_end|>tail<|im_start|>assistant\n",
+            "<|im_start|>assistant\n",
+        ] {
+            assert_eq!(parse_chat_prompt(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -4,7 +4,103 @@
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
+use rlreplay_model::generate::Decoder;
 use rlreplay_model::{ops, Qwen3};
+use serde::{Deserialize, Serialize};
+
+use crate::teacher_lp::teacher_logprobs;
+
+/// Directory of the EMA teacher inside a checkpoint.
+pub const EMA_TEACHER: &str = "ema_teacher";
+
+/// Teacher regularisation of self-distillation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TeacherRegularization {
+    /// Logits `(1 − α)·z_ref + α·z_cur` of the frozen initial model and the current model.
+    #[default]
+    #[serde(rename = "trust-region")]
+    TrustRegion,
+    /// A separate teacher whose weights follow the student by EMA after each update.
+    #[serde(rename = "ema")]
+    Ema,
+}
+
+/// The self-distillation teacher: the frozen initial model (trust region) or the EMA model.
+pub struct Teacher {
+    model: Qwen3,
+    regularization: TeacherRegularization,
+    rate: f64,
+    /// The frozen model's decoder (trust region: its weights never change).
+    frozen: Option<Decoder>,
+}
+
+impl Teacher {
+    /// A teacher over `model` (the initial weights, or the saved EMA teacher on resume); `rate`
+    /// is α of the trust region or η of the EMA.
+    pub fn new(model: Qwen3, regularization: TeacherRegularization, rate: f64) -> Result<Self> {
+        if !(0.0..=1.0).contains(&rate) {
+            bail!("teacher_update_rate = {rate}: must lie in [0, 1]");
+        }
+        let frozen = match regularization {
+            TeacherRegularization::TrustRegion => Some(Decoder::new(&model)?),
+            TeacherRegularization::Ema => None,
+        };
+        Ok(Self {
+            model,
+            regularization,
+            rate,
+            frozen,
+        })
+    }
+
+    /// The teacher's own weights (frozen initial model, or the EMA model).
+    pub fn model(&self) -> &Qwen3 {
+        &self.model
+    }
+
+    /// The regularisation.
+    pub fn regularization(&self) -> TeacherRegularization {
+        self.regularization
+    }
+
+    /// Teacher log-probs of `responses[i]` after the teacher prompts `prompts[i]` at temperature
+    /// `temperature`, with `policy` the current student (mixed in by the trust region). Rows with
+    /// an empty prompt or response get zeros.
+    pub fn logprobs(
+        &self,
+        policy: &Qwen3,
+        prompts: &[&[u32]],
+        responses: &[&[u32]],
+        temperature: f64,
+    ) -> Result<Vec<Vec<f64>>> {
+        match &self.frozen {
+            Some(frozen) => {
+                let current = Decoder::new(policy)?;
+                teacher_logprobs(
+                    frozen,
+                    Some(&current),
+                    self.rate,
+                    temperature,
+                    prompts,
+                    responses,
+                )
+            }
+            None => {
+                let ema = Decoder::new(&self.model)?;
+                teacher_logprobs(&ema, None, self.rate, temperature, prompts, responses)
+            }
+        }
+    }
+
+    /// After an update that applied at least one optimizer step: the EMA teacher moves towards
+    /// `policy`; the trust-region teacher stays frozen.
+    pub fn follow(&self, policy: &Qwen3) -> Result<()> {
+        match self.regularization {
+            TeacherRegularization::Ema => ema_update(&self.model, policy, self.rate),
+            TeacherRegularization::TrustRegion => Ok(()),
+        }
+    }
+}
 
 /// Per-token log-probs `log softmax(((1 − α)·z_ref + α·z_cur) / τ)[target]` from the final hidden
 /// states (after the last norm) and lm-head weights of the two models.
