@@ -8,8 +8,8 @@
 # process runs at nice 10 with a 2 s limit per input. New corpus entries go to fuzz/corpus/TARGET,
 # crash and timeout inputs to fuzz/artifacts/TARGET (neither is committed); the committed seeds
 # fuzz/seeds/TARGET and the target's dictionary are always used. The build has debug assertions and
-# overflow checks; FUZZ_SANITIZER=address adds AddressSanitizer (default none: the code under test
-# is safe Rust, and runs about twice as fast without it).
+# overflow checks; FUZZ_SANITIZER=address adds AddressSanitizer (default none: faster, and only the
+# Parquet and Arrow crates' unsafe code would need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: scripts/fuzz.sh verify_latex|read_shard SECONDS [libFuzzer flags...]"
