@@ -73,6 +73,8 @@ pub struct ModelSection {
     /// Fraction of warm-up targets that carry the correct answer; the others carry an answer
     /// drawn at random from the task's answers (0 teaches the format only).
     pub warmup_correct_fraction: f64,
+    /// Recompute each layer's activations in the backward pass (less memory, same gradients).
+    pub enable_gradient_checkpointing: bool,
 }
 
 impl Default for ModelSection {
@@ -86,6 +88,7 @@ impl Default for ModelSection {
             warmup_steps: 0,
             warmup_lr: 3e-3,
             warmup_correct_fraction: 0.0,
+            enable_gradient_checkpointing: false,
         }
     }
 }

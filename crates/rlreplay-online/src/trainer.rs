@@ -230,7 +230,7 @@ impl Trainer {
                 out.display()
             );
         }
-        let (policy, state, opt_path) = match &resume {
+        let (mut policy, state, opt_path) = match &resume {
             Some((step, dir)) => {
                 let text = fs::read_to_string(dir.join(TRAINER_STATE))?;
                 let state: TrainerState = serde_json::from_str(&text)
@@ -263,6 +263,7 @@ impl Trainer {
                 None,
             ),
         };
+        policy.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
         let opt = match opt_path {
             Some(p) => AdamW::load(&p, &policy)?,
             None => AdamW::new(&policy, cfg.optim.adamw()),

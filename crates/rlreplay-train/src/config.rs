@@ -79,6 +79,10 @@ pub struct ModelSection {
     pub dtype: Dtype,
     /// Build a random model of this shape instead of loading `path` (demos, tests, benchmarks).
     pub random: Option<RandomModel>,
+    /// Recompute each layer's activations in the backward pass instead of keeping them (less
+    /// memory, one more forward pass of the layers; the same gradients), as verl's key.
+    #[serde(default)]
+    pub enable_gradient_checkpointing: bool,
 }
 
 /// The shape of a randomly initialised Qwen3 model; absent keys take the tiny test model's values.

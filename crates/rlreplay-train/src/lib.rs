@@ -4,8 +4,7 @@
 //! - [`update`]: one policy update on a batch of rollouts (both trainers' update step).
 //! - [`context`]: RLSD teacher contexts (`sibling`, `reference`, `sibling+feedback`), templates,
 //!   truncation of over-long teacher prompts, the self-distillation mask.
-//! - [`teacher`]: the trust-region and EMA teachers.
-//! - [`teacher_lp`]: teacher log-probs of response tokens through the incremental decoder.
+//! - [`teacher`]: the trust-region and EMA teachers and their log-probs.
 #![warn(missing_docs)]
 
 pub mod config;
@@ -14,7 +13,6 @@ pub mod plot;
 pub mod rundir;
 pub mod schedule;
 pub mod teacher;
-pub mod teacher_lp;
 pub mod trainer;
 pub mod update;
 

@@ -2,13 +2,9 @@
 //! initial model and the current model, `z_T = (1 − α)·z_ref + α·z_cur`, and the EMA teacher,
 //! whose weights follow the student, `θ_T ← (1 − η)·θ_T + η·θ_student`.
 
-use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
-use rlreplay_model::generate::Decoder;
-use rlreplay_model::{ops, Qwen3};
+use anyhow::{bail, ensure, Result};
+use rlreplay_model::{micro_batches, mixed_logprobs, Qwen3, SeqPair};
 use serde::{Deserialize, Serialize};
-
-use crate::teacher_lp::teacher_logprobs;
 
 /// Directory of the EMA teacher inside a checkpoint.
 pub const EMA_TEACHER: &str = "ema_teacher";
@@ -30,8 +26,6 @@ pub struct Teacher {
     model: Qwen3,
     regularization: TeacherRegularization,
     rate: f64,
-    /// The frozen model's decoder (trust region: its weights never change).
-    frozen: Option<Decoder>,
 }
 
 impl Teacher {
@@ -41,15 +35,10 @@ impl Teacher {
         if !(0.0..=1.0).contains(&rate) {
             bail!("teacher_update_rate = {rate}: must lie in [0, 1]");
         }
-        let frozen = match regularization {
-            TeacherRegularization::TrustRegion => Some(Decoder::new(&model)?),
-            TeacherRegularization::Ema => None,
-        };
         Ok(Self {
             model,
             regularization,
             rate,
-            frozen,
         })
     }
 
@@ -63,33 +52,45 @@ impl Teacher {
         self.regularization
     }
 
-    /// Teacher log-probs of `responses[i]` after the teacher prompts `prompts[i]` at temperature
-    /// `temperature`, with `policy` the current student (mixed in by the trust region). Rows with
-    /// an empty prompt or response get zeros.
+    /// Teacher log-probs `log softmax(z_T / τ)[y_t]` of `responses[i]` after the teacher prompts
+    /// `prompts[i]`, with `z_T = (1 − α)·z_ref + α·z_policy` (trust region; `policy` is the current
+    /// student) or the EMA model's logits, in packed forward passes of at most `budget` tokens.
+    /// Rows with an empty prompt or response get zeros (no teacher context, or no tokens).
     pub fn logprobs(
         &self,
         policy: &Qwen3,
         prompts: &[&[u32]],
         responses: &[&[u32]],
         temperature: f64,
+        budget: usize,
     ) -> Result<Vec<Vec<f64>>> {
-        match &self.frozen {
-            Some(frozen) => {
-                let current = Decoder::new(policy)?;
-                teacher_logprobs(
-                    frozen,
-                    Some(&current),
-                    self.rate,
-                    temperature,
-                    prompts,
-                    responses,
-                )
+        ensure!(
+            prompts.len() == responses.len(),
+            "{} teacher prompts for {} responses",
+            prompts.len(),
+            responses.len()
+        );
+        let mut out: Vec<Vec<f64>> = responses.iter().map(|r| vec![0.0; r.len()]).collect();
+        let rows: Vec<usize> = (0..prompts.len())
+            .filter(|&i| !prompts[i].is_empty() && !responses[i].is_empty())
+            .collect();
+        let pairs: Vec<SeqPair<'_>> = rows
+            .iter()
+            .map(|&i| SeqPair::new(prompts[i], responses[i]))
+            .collect();
+        let parts: Vec<(&Qwen3, f64)> = match self.regularization {
+            TeacherRegularization::TrustRegion => {
+                vec![(&self.model, 1.0 - self.rate), (policy, self.rate)]
             }
-            None => {
-                let ema = Decoder::new(&self.model)?;
-                teacher_logprobs(&ema, None, self.rate, temperature, prompts, responses)
+            TeacherRegularization::Ema => vec![(&self.model, 1.0)],
+        };
+        for c in micro_batches(&pairs, budget) {
+            let lp = mixed_logprobs(&parts, &pairs[c.clone()], temperature)?;
+            for (k, v) in c.zip(lp) {
+                out[rows[k]] = v;
             }
         }
+        Ok(out)
     }
 
     /// After an update that applied at least one optimizer step: the EMA teacher moves towards
@@ -100,49 +101,6 @@ impl Teacher {
             TeacherRegularization::TrustRegion => Ok(()),
         }
     }
-}
-
-/// Per-token log-probs `log softmax(((1 − α)·z_ref + α·z_cur) / τ)[target]` from the final hidden
-/// states (after the last norm) and lm-head weights of the two models.
-///
-/// The mixed logits equal one matrix product of the concatenated, pre-scaled hidden states
-/// `[(1 − α)·h_ref, α·h_cur]` (`[N, 2H]`) with the concatenated heads `[W_ref, W_cur]` (`[V, 2H]`),
-/// so the teacher reuses the chunked log-prob kernel of the training path and never holds the
-/// `[N, V]` logits whole. Returns `[N]`.
-pub fn trust_region_token_logprobs(
-    ref_hidden: &Tensor,
-    ref_lm_head: &Tensor,
-    cur_hidden: &Tensor,
-    cur_lm_head: &Tensor,
-    targets: &[u32],
-    alpha: f64,
-    temperature: f64,
-) -> Result<Tensor> {
-    if !(0.0..=1.0).contains(&alpha) {
-        bail!("trust-region mix α must lie in [0, 1], got {alpha}");
-    }
-    if ref_hidden.dims() != cur_hidden.dims() || ref_lm_head.dims() != cur_lm_head.dims() {
-        bail!(
-            "trust-region teacher: reference hidden {:?} / head {:?} differ from current hidden {:?} \
-             / head {:?}",
-            ref_hidden.dims(),
-            ref_lm_head.dims(),
-            cur_hidden.dims(),
-            cur_lm_head.dims()
-        );
-    }
-    let dtype = cur_hidden.dtype();
-    let hidden = Tensor::cat(
-        &[
-            (ref_hidden.to_dtype(dtype)? * (1.0 - alpha))?,
-            (cur_hidden * alpha)?,
-        ],
-        1,
-    )?;
-    let head = Tensor::cat(&[ref_lm_head.to_dtype(dtype)?, cur_lm_head.clone()], 1)?;
-    let (lp, _) = ops::token_logprobs(&hidden, &head, targets, temperature, false)
-        .context("trust-region teacher log-probs")?;
-    Ok(lp)
 }
 
 /// Moves every weight of `teacher` towards `student`: `θ_T ← (1 − η)·θ_T + η·θ_student`.
@@ -178,85 +136,67 @@ pub fn ema_update(teacher: &Qwen3, student: &Qwen3, rate: f64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device};
-    use rlreplay_algo::rlsd::trust_region_logprobs;
-    use rlreplay_model::Qwen3Config;
+    use rlreplay_model::{DType, Device, Qwen3Config};
 
-    fn t(v: &[f64], shape: (usize, usize)) -> Tensor {
-        Tensor::from_vec(v.to_vec(), shape, &Device::Cpu).unwrap()
-    }
-
-    #[test]
-    fn matches_the_mixed_logit_formula_tv_l6() {
-        // Hidden size 1: logits are the lm-head column, z_ref = [2, 0, 0], z_cur = [0, 2, 0].
-        let h = t(&[1.0, 1.0, 1.0], (3, 1));
-        let w_ref = t(&[2.0, 0.0, 0.0], (3, 1));
-        let w_cur = t(&[0.0, 2.0, 0.0], (3, 1));
-        let lp = trust_region_token_logprobs(&h, &w_ref, &h, &w_cur, &[0, 1, 2], 0.1, 1.0)
-            .unwrap()
-            .to_vec1::<f64>()
-            .unwrap();
-        let want = [-0.312761, -1.912761, -2.112761];
-        for (a, b) in lp.iter().zip(want) {
-            assert!((a - b).abs() < 1e-6, "{lp:?}");
-        }
-        let pure = trust_region_logprobs(&[2.0, 0.0, 0.0], &[0.0, 2.0, 0.0], 0.1, 1.0).unwrap();
-        for (a, b) in lp.iter().zip(&pure) {
-            assert!((a - b).abs() < 1e-12);
-        }
-        // α = 0 is the reference model alone.
-        let lp0 = trust_region_token_logprobs(&h, &w_ref, &h, &w_cur, &[0, 1, 2], 0.0, 1.0)
-            .unwrap()
-            .to_vec1::<f64>()
-            .unwrap();
-        assert!((lp0[1] + 2.239545).abs() < 1e-6);
-    }
-
-    #[test]
-    fn matches_the_pure_formula_on_random_states() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let (n, h, v) = (5, 4, 300); // more tokens than one chunk of the vocab? no: rows; V > chunk
-        let mut draw = |k: usize| {
-            (0..k)
-                .map(|_| rng.random_range(-1.0..1.0))
-                .collect::<Vec<f64>>()
+    fn model(seed: u64) -> Qwen3 {
+        let cfg = Qwen3Config {
+            vocab_size: 40,
+            hidden_size: 32,
+            intermediate_size: 64,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 8,
+            ..Qwen3Config::tiny()
         };
-        let (hr, wr, hc, wc) = (draw(n * h), draw(v * h), draw(n * h), draw(v * h));
-        let targets: Vec<u32> = (0..n as u32).map(|i| i * 37 % v as u32).collect();
-        let lp = trust_region_token_logprobs(
-            &t(&hr, (n, h)),
-            &t(&wr, (v, h)),
-            &t(&hc, (n, h)),
-            &t(&wc, (v, h)),
-            &targets,
-            0.3,
-            0.7,
-        )
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap();
-        let logits = |hs: &[f64], w: &[f64], i: usize| -> Vec<f64> {
-            (0..v)
-                .map(|j| (0..h).map(|k| hs[i * h + k] * w[j * h + k]).sum())
-                .collect()
-        };
-        for i in 0..n {
-            let pure = trust_region_logprobs(&logits(&hr, &wr, i), &logits(&hc, &wc, i), 0.3, 0.7)
-                .unwrap();
-            assert!((lp[i] - pure[targets[i] as usize]).abs() < 1e-10);
+        Qwen3::new_random(cfg, seed, DType::F32, &Device::Cpu).unwrap()
+    }
+
+    fn close(a: &[Vec<f64>], b: &[Vec<f64>]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.len(), y.len());
+            for (p, q) in x.iter().zip(y) {
+                assert!((p - q).abs() < 1e-4, "{x:?} vs {y:?}");
+            }
         }
     }
 
+    /// The values the token-by-token decoder teacher gave: at α = 0 the frozen model's, at α = 1
+    /// the current model's, the EMA model's own, and a model mixed with itself unchanged; rows
+    /// without a teacher prompt get zeros; any packing budget gives the same values.
     #[test]
-    fn rejects_bad_arguments() {
-        let h = t(&[1.0], (1, 1));
-        let w = t(&[1.0, 2.0], (2, 1));
-        let e = trust_region_token_logprobs(&h, &w, &h, &w, &[0], 1.5, 1.0).unwrap_err();
-        assert!(e.to_string().contains("[0, 1]"));
-        let w3 = t(&[1.0, 2.0, 3.0], (3, 1));
-        assert!(trust_region_token_logprobs(&h, &w, &h, &w3, &[0], 0.1, 1.0).is_err());
-        assert!(trust_region_token_logprobs(&h, &w, &h, &w, &[5], 0.1, 1.0).is_err());
+    fn teacher_logprobs_match_the_models_log_probs() {
+        let (a, b) = (model(1), model(2));
+        let prompts: [&[u32]; 4] = [&[1, 2, 3], &[4], &[], &[5, 6]];
+        let responses: [&[u32]; 4] = [&[7, 8, 9, 10], &[11], &[12], &[]];
+        let pairs: Vec<SeqPair<'_>> = [0, 1, 3]
+            .iter()
+            .map(|&i| SeqPair::new(prompts[i], responses[i]))
+            .collect();
+        let want_a = a.logprobs(&pairs, 0.7, false).unwrap().logprobs;
+        let want_b = b.logprobs(&pairs, 0.7, false).unwrap().logprobs;
+        let pick = |v: Vec<Vec<f64>>| vec![v[0].clone(), v[1].clone(), v[3].clone()];
+        // The teacher's own model is `a` (same seed).
+        let teacher =
+            |r: TeacherRegularization, rate: f64| Teacher::new(model(1), r, rate).unwrap();
+        let ema = teacher(TeacherRegularization::Ema, 0.1)
+            .logprobs(&b, &prompts, &responses, 0.7, 4)
+            .unwrap();
+        assert_eq!(ema[2], vec![0.0], "a row without teacher prompt gets zeros");
+        close(&pick(ema), &want_a);
+        let tr = |rate: f64, policy: &Qwen3, budget: usize| {
+            teacher(TeacherRegularization::TrustRegion, rate)
+                .logprobs(policy, &prompts, &responses, 0.7, budget)
+                .unwrap()
+        };
+        close(&pick(tr(1.0, &b, 64)), &want_b);
+        close(&pick(tr(0.0, &b, 64)), &want_a);
+        close(&pick(tr(0.3, &a, 64)), &want_a);
+        close(&tr(0.3, &b, 1), &tr(0.3, &b, 64));
+        assert!(teacher(TeacherRegularization::Ema, 0.1)
+            .logprobs(&b, &prompts[..1], &responses, 1.0, 64)
+            .is_err());
+        assert!(Teacher::new(model(1), TeacherRegularization::Ema, 1.5).is_err());
     }
 
     #[test]

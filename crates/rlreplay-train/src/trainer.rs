@@ -267,7 +267,7 @@ impl Trainer {
             ),
             None => None,
         };
-        let (model, opt, state) = match &resume_from {
+        let (mut model, opt, state) = match &resume_from {
             Some((step, dir)) => {
                 let model = Qwen3::load(dir, dtype, &device)
                     .with_context(|| format!("loading checkpoint {}", dir.display()))?;
@@ -310,6 +310,7 @@ impl Trainer {
                 (model, opt, state)
             }
         };
+        model.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
         let sd = match &model_dir {
             Some(dir) if uses_teacher(&algo) => {
                 for f in ["tokenizer.json", "tokenizer_config.json"] {

@@ -338,3 +338,24 @@ fn off_policy_corrections_run_and_are_logged() {
         }
     }
 }
+
+#[test]
+fn gradient_checkpointing_gives_the_same_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 2);
+    let mut cfg = config(&data, "");
+    cfg.model.dtype = rlreplay_train::config::Dtype::F64;
+    let off = tmp.path().join("off");
+    run(&opts(cfg.clone(), &off)).unwrap();
+    cfg.model.enable_gradient_checkpointing = true;
+    let on = tmp.path().join("on");
+    run(&opts(cfg, &on)).unwrap();
+    let (a, b) = (metrics_without_perf(&off), metrics_without_perf(&on));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        for (k, v) in x.as_object().unwrap() {
+            let (p, q) = (v.as_f64().unwrap(), y[k].as_f64().unwrap());
+            assert!((p - q).abs() <= 1e-9 * p.abs().max(1.0), "{k}: {p} vs {q}");
+        }
+    }
+}
