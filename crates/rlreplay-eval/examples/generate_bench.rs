@@ -1,6 +1,8 @@
 //! Sampling throughput on a random Qwen3 model: saves the model (for the transformers side of
 //! `bench/generate.sh`), samples `batch` prompts of `prompt_len` random tokens for exactly
-//! `new_tokens` tokens each (no stop ids), and prints one JSON line with tokens/s.
+//! `new_tokens` tokens each (no stop ids), and prints one JSON line with tokens/s and the process
+//! CPU time (user + system, all threads, from `/proc/self/stat`; `null` where unavailable) of the
+//! timed run.
 //!
 //! Usage: `generate_bench MODEL_DIR [batch] [prompt_len] [new_tokens]`.
 
@@ -25,6 +27,17 @@ fn bench_config() -> Qwen3Config {
         head_dim: 32,
         ..Qwen3Config::tiny()
     }
+}
+
+/// CPU seconds (user + system, all threads) of this process so far, on Linux.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name: state is field 3, utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let ticks = |f: Option<&str>| f.and_then(|v| v.parse::<f64>().ok());
+    // Clock ticks are 1/100 s on Linux (USER_HZ).
+    Some((ticks(fields.next())? + ticks(fields.next())?) / 100.0)
 }
 
 fn main() -> Result<()> {
@@ -70,12 +83,16 @@ fn main() -> Result<()> {
         batch,
         |_| {},
     )?;
-    let start = Instant::now();
+    let (start, cpu_start) = (Instant::now(), cpu_seconds());
     let gens = generate(&decoder, &prompts, 1, &params, batch, |_| {})?;
     let secs = start.elapsed().as_secs_f64();
+    let cpu = match (cpu_start, cpu_seconds()) {
+        (Some(a), Some(b)) => format!("{:.3}", b - a),
+        _ => "null".to_string(),
+    };
     let tokens: usize = gens.iter().map(|g| g.tokens.len()).sum();
     println!(
-        "{{\"impl\": \"rlreplay\", \"batch\": {batch}, \"prompt_len\": {prompt_len}, \"new_tokens\": {new_tokens}, \"tokens\": {tokens}, \"seconds\": {secs:.4}, \"tokens_per_s\": {:.1}}}",
+        "{{\"impl\": \"rlreplay\", \"batch\": {batch}, \"prompt_len\": {prompt_len}, \"new_tokens\": {new_tokens}, \"tokens\": {tokens}, \"seconds\": {secs:.4}, \"cpu_seconds\": {cpu}, \"tokens_per_s\": {:.1}}}",
         tokens as f64 / secs
     );
     Ok(())
