@@ -2,6 +2,8 @@
 //! uninterrupted run; configuration errors.
 
 use std::path::Path;
+
+use rlreplay_train::rundir::read_metrics;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -69,20 +71,6 @@ keep = 3
     cfg.to_string_lossy().into_owned()
 }
 
-fn metrics_without_perf(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut()
-                .unwrap()
-                .retain(|k, _| !k.starts_with("perf/"));
-            v
-        })
-        .collect()
-}
-
 #[test]
 fn kill_9_then_resume_matches_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
@@ -119,7 +107,10 @@ fn kill_9_then_resume_matches_an_uninterrupted_run() {
 
     let o = rlreplay(&["replay", "--out", &part_s, "--resume", "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(metrics_without_perf(&full), metrics_without_perf(&part));
+    assert_eq!(
+        read_metrics(&full, false).unwrap(),
+        read_metrics(&part, false).unwrap()
+    );
     let w =
         |r: &Path| std::fs::read(r.join("checkpoints/global_step_16/model.safetensors")).unwrap();
     assert_eq!(w(&full), w(&part));

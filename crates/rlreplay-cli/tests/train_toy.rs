@@ -1,6 +1,8 @@
 //! `rlreplay train` on the toy preset: artifacts, the rollouts as a dataset, stop and resume.
 
 use std::path::Path;
+
+use rlreplay_train::rundir::read_metrics;
 use std::process::Command;
 
 fn rlreplay(args: &[&str]) -> std::process::Output {
@@ -133,21 +135,6 @@ fn bad_configs_are_refused_with_the_key() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("bogus"));
 }
 
-/// Metric lines without the wall-clock ones.
-fn metric_lines(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut()
-                .unwrap()
-                .retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
-            v
-        })
-        .collect()
-}
-
 #[test]
 fn stop_and_resume_equals_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -172,7 +159,10 @@ fn stop_and_resume_equals_an_uninterrupted_run() {
     rest.extend(SHORT);
     let o = rlreplay(&rest);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(metric_lines(&a), metric_lines(&b));
+    assert_eq!(
+        read_metrics(&a, false).unwrap(),
+        read_metrics(&b, false).unwrap()
+    );
     let weights =
         |run: &Path| std::fs::read(run.join("checkpoints/last/model.safetensors")).unwrap();
     assert!(
@@ -211,7 +201,8 @@ fn kill_minus_nine_then_resume_finishes_the_run() {
     let o = rlreplay(&resume);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("trained 8 steps"));
-    let steps: Vec<u64> = metric_lines(&out)
+    let steps: Vec<u64> = read_metrics(&out, false)
+        .unwrap()
         .iter()
         .map(|v| v["step"].as_u64().unwrap())
         .collect();

@@ -9,7 +9,7 @@ use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_model::{DType, Device, Qwen3};
 use rlreplay_online::toy::{self, ToyModel};
-use rlreplay_train::rundir::latest_checkpoint;
+use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
 use rlreplay_train::{run, ReplayConfig, RunOptions};
 
 /// A tiny random Qwen3 over the toy vocabulary with the toy tokenizer files.
@@ -101,31 +101,6 @@ max_tokens_per_micro_batch = 256
     ReplayConfig::parse(&text, &sets).unwrap()
 }
 
-fn opts(config: ReplayConfig, out: &Path) -> RunOptions {
-    RunOptions {
-        config,
-        out: out.to_path_buf(),
-        resume: false,
-        stop_after: None,
-        progress: false,
-    }
-}
-
-/// Metric lines without the timing-dependent `perf/*` values.
-fn metrics(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut()
-                .unwrap()
-                .retain(|k, _| !k.starts_with("perf/"));
-            v
-        })
-        .collect()
-}
-
 fn weights(run: &Path) -> Vec<u8> {
     let (_, dir) = latest_checkpoint(run).unwrap().unwrap();
     std::fs::read(dir.join("model.safetensors")).unwrap()
@@ -138,12 +113,12 @@ fn rlsd_replay_is_deterministic_and_logs_self_distillation() {
     let data = dataset(tmp.path(), &model, 2, true);
     let cfg = config(&model, &data, &[]);
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    let s = run(&opts(cfg.clone(), &a)).unwrap();
+    let s = run(&RunOptions::new(cfg.clone(), &a)).unwrap();
     assert_eq!(s.skipped_updates, 0);
-    run(&opts(cfg, &b)).unwrap();
-    let m = metrics(&a);
+    run(&RunOptions::new(cfg, &b)).unwrap();
+    let m = read_metrics(&a, false).unwrap();
     assert_eq!(m.len(), 2);
-    assert_eq!(m, metrics(&b));
+    assert_eq!(m, read_metrics(&b, false).unwrap());
     assert_eq!(weights(&a), weights(&b));
     for key in [
         "self_distillation/reprompt_sample_fraction",
@@ -178,18 +153,21 @@ fn rlsd_replay_with_the_ema_teacher_resumes_bit_identically() {
         ],
     );
     let full = tmp.path().join("full");
-    run(&opts(cfg.clone(), &full)).unwrap();
+    run(&RunOptions::new(cfg.clone(), &full)).unwrap();
     assert!(full
         .join("checkpoints/global_step_3/ema_teacher/model.safetensors")
         .is_file());
     let part = tmp.path().join("part");
-    let mut o = opts(cfg, &part);
+    let mut o = RunOptions::new(cfg, &part);
     o.stop_after = Some(1);
     run(&o).unwrap();
     o.stop_after = None;
     o.resume = true;
     assert_eq!(run(&o).unwrap().global_step, 3);
-    assert_eq!(metrics(&full), metrics(&part));
+    assert_eq!(
+        read_metrics(&full, false).unwrap(),
+        read_metrics(&part, false).unwrap()
+    );
     assert_eq!(weights(&full), weights(&part));
     let ema = |r: &Path| {
         std::fs::read(r.join("checkpoints/global_step_3/ema_teacher/model.safetensors")).unwrap()
@@ -197,7 +175,7 @@ fn rlsd_replay_with_the_ema_teacher_resumes_bit_identically() {
     assert_eq!(ema(&full), ema(&part));
     // Reference mode: every row has its teacher context.
     assert_eq!(
-        metrics(&full)[0]["self_distillation/reprompt_sample_fraction"],
+        read_metrics(&full, false).unwrap()[0]["self_distillation/reprompt_sample_fraction"],
         1.0
     );
 }
@@ -208,8 +186,12 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
     let model = model_dir(tmp.path());
     let data = dataset(tmp.path(), &model, 1, false);
     // Sibling mode needs no ground truth.
-    run(&opts(config(&model, &data, &[]), &tmp.path().join("sib"))).unwrap();
-    let e = run(&opts(
+    run(&RunOptions::new(
+        config(&model, &data, &[]),
+        &tmp.path().join("sib"),
+    ))
+    .unwrap();
+    let e = run(&RunOptions::new(
         config(&model, &data, &["self_distillation.context=\"reference\""]),
         &tmp.path().join("ref"),
     ))
@@ -220,7 +202,7 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
         "{msg}"
     );
     assert!(!tmp.path().join("ref/metrics.jsonl").exists());
-    let e = run(&opts(
+    let e = run(&RunOptions::new(
         config(
             &model,
             &data,
@@ -235,7 +217,11 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
     assert!(format!("{e:#}").contains("ground_truth"), "{e:#}");
     // No tokenizer in the model directory.
     std::fs::remove_file(model.join("tokenizer.json")).unwrap();
-    let e = run(&opts(config(&model, &data, &[]), &tmp.path().join("tok"))).unwrap_err();
+    let e = run(&RunOptions::new(
+        config(&model, &data, &[]),
+        &tmp.path().join("tok"),
+    ))
+    .unwrap_err();
     assert!(format!("{e:#}").contains("tokenizer.json"), "{e:#}");
     // A random model has no tokenizer at all.
     let e = ReplayConfig::parse(

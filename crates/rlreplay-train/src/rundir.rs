@@ -39,6 +39,28 @@ pub const CSV_COLUMNS: &[(&str, &str)] = &[
 /// One step's metrics: verl-style names to values.
 pub type Metrics = BTreeMap<String, f64>;
 
+/// Prefixes of the wall-clock metrics, which differ between otherwise identical runs.
+pub const TIMING_PREFIXES: [&str; 2] = ["perf/", "timing_s/"];
+
+/// The per-step lines of a run's `metrics.jsonl`, one JSON object each. With `timing = false` the wall-clock metrics
+/// ([`TIMING_PREFIXES`]) are left out, so that two runs of the same data, configuration and seed
+/// compare equal.
+pub fn read_metrics(run_dir: &Path, timing: bool) -> Result<Vec<serde_json::Value>> {
+    let path = run_dir.join("metrics.jsonl");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
+                .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+            if !timing {
+                m.retain(|k, _| !TIMING_PREFIXES.iter().any(|p| k.starts_with(p)));
+            }
+            Ok(serde_json::Value::Object(m))
+        })
+        .collect()
+}
+
 /// Writes a file atomically: temporary file in the same directory, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));

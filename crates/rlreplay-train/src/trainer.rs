@@ -44,6 +44,19 @@ pub struct RunOptions {
     pub progress: bool,
 }
 
+impl RunOptions {
+    /// A fresh run of `config` into `out`: no resume, no early stop, no progress bar.
+    pub fn new(config: ReplayConfig, out: &Path) -> Self {
+        Self {
+            config,
+            out: out.to_path_buf(),
+            resume: false,
+            stop_after: None,
+            progress: false,
+        }
+    }
+}
+
 /// What a run did.
 #[derive(Debug, Clone)]
 pub struct RunSummary {

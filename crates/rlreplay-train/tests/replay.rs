@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_model::{DType, Device, Qwen3, SeqPair};
-use rlreplay_train::rundir::latest_checkpoint;
+use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
 use rlreplay_train::{run, ReplayConfig, RunOptions};
 
 const EOS: u32 = 1;
@@ -67,31 +67,6 @@ max_tokens_per_micro_batch = 200
     ReplayConfig::parse(&text, &[]).unwrap()
 }
 
-fn opts(config: ReplayConfig, out: &Path) -> RunOptions {
-    RunOptions {
-        config,
-        out: out.to_path_buf(),
-        resume: false,
-        stop_after: None,
-        progress: false,
-    }
-}
-
-/// Metric lines without the timing-dependent `perf/*` values.
-fn metrics_without_perf(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut()
-                .unwrap()
-                .retain(|k, _| !k.starts_with("perf/"));
-            v
-        })
-        .collect()
-}
-
 fn final_weights(run: &Path) -> Vec<u8> {
     let (_, dir) = latest_checkpoint(run).unwrap().unwrap();
     std::fs::read(dir.join("model.safetensors")).unwrap()
@@ -104,11 +79,11 @@ fn same_inputs_give_identical_metrics_and_weights() {
     let cfg = config(&data, "[schedule]\nmode = \"shuffle\"\nsubsample = 3\n");
     let a = tmp.path().join("a");
     let b = tmp.path().join("b");
-    run(&opts(cfg.clone(), &a)).unwrap();
-    run(&opts(cfg, &b)).unwrap();
-    let ma = metrics_without_perf(&a);
+    run(&RunOptions::new(cfg.clone(), &a)).unwrap();
+    run(&RunOptions::new(cfg, &b)).unwrap();
+    let ma = read_metrics(&a, false).unwrap();
     assert_eq!(ma.len(), 2);
-    assert_eq!(ma, metrics_without_perf(&b));
+    assert_eq!(ma, read_metrics(&b, false).unwrap());
     assert_eq!(final_weights(&a), final_weights(&b));
     for key in [
         "actor/pg_loss",
@@ -157,10 +132,10 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
         "[checkpoint]\nsave_freq = 1\nkeep = 2\n[schedule]\nmode = \"shuffle\"\nepochs = 2\n",
     );
     let full = tmp.path().join("full");
-    run(&opts(cfg.clone(), &full)).unwrap();
+    run(&RunOptions::new(cfg.clone(), &full)).unwrap();
 
     let part = tmp.path().join("part");
-    let mut o = opts(cfg, &part);
+    let mut o = RunOptions::new(cfg, &part);
     o.stop_after = Some(3);
     let s = run(&o).unwrap();
     assert_eq!(s.global_step, 3);
@@ -168,7 +143,10 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
     o.resume = true;
     let s = run(&o).unwrap();
     assert_eq!(s.global_step, 8);
-    assert_eq!(metrics_without_perf(&full), metrics_without_perf(&part));
+    assert_eq!(
+        read_metrics(&full, false).unwrap(),
+        read_metrics(&part, false).unwrap()
+    );
     assert_eq!(final_weights(&full), final_weights(&part));
     // The optimizer moments and step counts are identical too.
     let opt = |r: &Path| {
@@ -198,7 +176,7 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
         .count();
     assert_eq!(n, 2);
     // A fresh start into a directory holding a run is refused.
-    assert!(run(&opts(config(&data, ""), &full)).is_err());
+    assert!(run(&RunOptions::new(config(&data, ""), &full)).is_err());
 }
 
 /// Mean per-token log-prob of the successful minus the failed responses of one step.
@@ -225,7 +203,7 @@ fn replay_raises_held_out_successes_over_failures() {
     let data = dataset(tmp.path(), 5);
     let cfg = config(&data, "");
     let out = tmp.path().join("run");
-    run(&opts(cfg, &out)).unwrap();
+    run(&RunOptions::new(cfg, &out)).unwrap();
     let before = Qwen3::new_random(
         config(&data, "").model.random.unwrap().to_config(),
         3,
@@ -252,7 +230,7 @@ fn non_finite_updates_are_skipped_and_counted() {
     cfg.checkpoint.save_freq = 1;
     cfg.checkpoint.keep = 0;
     let out = tmp.path().join("run");
-    let s = run(&opts(cfg, &out)).unwrap();
+    let s = run(&RunOptions::new(cfg, &out)).unwrap();
     assert_eq!(s.global_step, 3);
     assert!(s.skipped_updates >= 2, "{}", s.skipped_updates);
     let w = |step: u64| {
@@ -260,7 +238,7 @@ fn non_finite_updates_are_skipped_and_counted() {
             .unwrap()
     };
     assert_eq!(w(2), w(3));
-    let m = metrics_without_perf(&out);
+    let m = read_metrics(&out, false).unwrap();
     assert_eq!(m[2]["train/skipped_updates"], 2.0);
 }
 
@@ -272,8 +250,8 @@ fn schedules_pick_the_planned_rows() {
         let out = tmp.path().join(name);
         let mut cfg = config(&data, extra);
         cfg.optim.lr = 1e-4;
-        run(&opts(cfg, &out)).unwrap();
-        metrics_without_perf(&out)
+        run(&RunOptions::new(cfg, &out)).unwrap();
+        read_metrics(&out, false).unwrap()
     };
     let m = source(
         "[schedule]\nmode = \"lag\"\nlag = 2\ndrop_solve_none = true\ndrop_solve_all = true\ndrop_truncated = true\n",
@@ -321,9 +299,9 @@ fn off_policy_corrections_run_and_are_logged() {
             cfg.algorithm.params.insert(k.clone(), v.clone());
         }
         let out = tmp.path().join(name);
-        let s = run(&opts(cfg, &out)).unwrap();
+        let s = run(&RunOptions::new(cfg, &out)).unwrap();
         assert_eq!(s.skipped_updates, 0);
-        let m = &metrics_without_perf(&out)[0];
+        let m = &read_metrics(&out, false).unwrap()[0];
         assert_eq!(m["train/optimizer_steps"], 4.0, "{name}");
         for key in [
             "rollout_corr/kl",
@@ -346,11 +324,14 @@ fn gradient_checkpointing_gives_the_same_metrics() {
     let mut cfg = config(&data, "");
     cfg.model.dtype = rlreplay_train::config::Dtype::F64;
     let off = tmp.path().join("off");
-    run(&opts(cfg.clone(), &off)).unwrap();
+    run(&RunOptions::new(cfg.clone(), &off)).unwrap();
     cfg.model.enable_gradient_checkpointing = true;
     let on = tmp.path().join("on");
-    run(&opts(cfg, &on)).unwrap();
-    let (a, b) = (metrics_without_perf(&off), metrics_without_perf(&on));
+    run(&RunOptions::new(cfg, &on)).unwrap();
+    let (a, b) = (
+        read_metrics(&off, false).unwrap(),
+        read_metrics(&on, false).unwrap(),
+    );
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(&b) {
         for (k, v) in x.as_object().unwrap() {
