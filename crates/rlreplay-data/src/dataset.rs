@@ -11,7 +11,7 @@ use parquet::file::statistics::Statistics;
 
 use crate::batch::RolloutBatch;
 use crate::hub::HubPath;
-use crate::read::{read_shard, ReadOptions};
+use crate::read::{read_shard, read_shard_reusing, ReadOptions};
 use crate::report::ValidationReport;
 use crate::steps::StepRange;
 
@@ -109,6 +109,7 @@ impl Dataset {
             shards: self.shards.iter(),
             range,
             opts,
+            spare: None,
         }
     }
 }
@@ -118,6 +119,16 @@ pub struct StepIter<'a> {
     shards: std::slice::Iter<'a, (i64, PathBuf)>,
     range: StepRange,
     opts: ReadOptions,
+    spare: Option<RolloutBatch>,
+}
+
+impl StepIter<'_> {
+    /// Gives back a batch this iterator returned once the caller is done with it: the next step
+    /// is decoded into its buffers instead of fresh allocations, which keeps peak memory near one
+    /// shard's size when streaming many shards.
+    pub fn recycle(&mut self, batch: RolloutBatch) {
+        self.spare = Some(batch);
+    }
 }
 
 impl Iterator for StepIter<'_> {
@@ -128,7 +139,12 @@ impl Iterator for StepIter<'_> {
             .shards
             .by_ref()
             .find(|(s, _)| self.range.contains(*s))?;
-        Some(read_shard(path, *step, &self.opts))
+        Some(read_shard_reusing(
+            path,
+            *step,
+            &self.opts,
+            self.spare.take(),
+        ))
     }
 }
 

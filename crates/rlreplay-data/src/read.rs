@@ -78,7 +78,18 @@ pub fn read_shard(
     step: i64,
     opts: &ReadOptions,
 ) -> Result<(RolloutBatch, ValidationReport)> {
-    let (batch, report) = load(path, step, opts)?;
+    read_shard_reusing(path, step, opts, None)
+}
+
+/// [`read_shard`] that decodes the token and log-prob lists into the buffers of `spare` (a batch
+/// the caller is done with), so that streaming many shards reuses one set of large allocations.
+pub fn read_shard_reusing(
+    path: &Path,
+    step: i64,
+    opts: &ReadOptions,
+    spare: Option<RolloutBatch>,
+) -> Result<(RolloutBatch, ValidationReport)> {
+    let (batch, report) = load(path, step, opts, spare)?;
     if !opts.lenient && !report.is_clean() {
         let first = report.issues[0].clone();
         let more = report.issue_count() - 1;
@@ -95,7 +106,7 @@ pub fn read_shard(
 /// Checks one shard and returns every problem found (never fails: an unreadable file is an issue
 /// in the report). With `opts.lenient`, the batch would drop bad rows; the report counts them.
 pub fn validate_shard(path: &Path, step: i64, opts: &ReadOptions) -> ValidationReport {
-    match load(path, step, opts) {
+    match load(path, step, opts, None) {
         Ok((_, report)) => report,
         Err(e) => {
             let mut report = ValidationReport::default();
@@ -109,12 +120,17 @@ pub fn validate_shard(path: &Path, step: i64, opts: &ReadOptions) -> ValidationR
 }
 
 /// Reads a shard, collecting every problem in the report; structural problems are errors.
-fn load(path: &Path, step: i64, opts: &ReadOptions) -> Result<(RolloutBatch, ValidationReport)> {
+fn load(
+    path: &Path,
+    step: i64,
+    opts: &ReadOptions,
+    spare: Option<RolloutBatch>,
+) -> Result<(RolloutBatch, ValidationReport)> {
     let unreadable =
         |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
     // The decoder must never take the process down on a malformed file: a panic inside it is
     // reported like any other corruption.
-    let decoded = std::panic::catch_unwind(|| decode(path, opts)).map_err(|p| {
+    let decoded = std::panic::catch_unwind(|| decode(path, opts, spare)).map_err(|p| {
         let what = p
             .downcast_ref::<String>()
             .map(String::as_str)
@@ -123,6 +139,34 @@ fn load(path: &Path, step: i64, opts: &ReadOptions) -> Result<(RolloutBatch, Val
         unreadable(format!("corrupted Parquet data ({what})"))
     })??;
     Ok(check(path, step, decoded, opts))
+}
+
+/// Emptied list buffers of a batch the caller is done with, to decode the next shard into.
+#[derive(Default)]
+struct Spare {
+    /// Prompt ids and offsets.
+    prompt: (Vec<u32>, Vec<usize>),
+    /// Response ids and offsets.
+    response: (Vec<u32>, Vec<usize>),
+    /// Log-probs (their offsets are the response offsets in a batch).
+    log_probs: Vec<f32>,
+}
+
+impl From<Option<RolloutBatch>> for Spare {
+    fn from(batch: Option<RolloutBatch>) -> Self {
+        let Some(b) = batch else {
+            return Self::default();
+        };
+        fn empty<T>(mut v: Vec<T>) -> Vec<T> {
+            v.clear();
+            v
+        }
+        Self {
+            prompt: (empty(b.prompt_tokens), empty(b.prompt_offsets)),
+            response: (empty(b.response_tokens), empty(b.response_offsets)),
+            log_probs: empty(b.rollout_log_probs),
+        }
+    }
 }
 
 /// The resolved columns of a shard.
@@ -253,7 +297,8 @@ struct Decoded {
 }
 
 /// Decodes the needed columns of a shard.
-fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
+fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Result<Decoded> {
+    let spare = Spare::from(spare);
     let unreadable =
         |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
     let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
@@ -305,10 +350,13 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
     // Capacities trust the footer only this far (a corrupted footer must not allocate wildly).
     let cap = rows.min(1 << 20);
     // Token ids of a list column, with their offsets and row issues.
-    let read_tokens = |name: &str| -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
+    let read_tokens = |name: &str,
+                       (mut toks, mut offs): (Vec<u32>, Vec<usize>)|
+     -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
         let src = list_source(path, meta.metadata(), name)?;
-        let mut toks = Vec::with_capacity(src.leaf.entries());
-        let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
+        toks.reserve_exact(src.leaf.entries());
+        offs.reserve_exact(cap + 1);
+        let mut issues = Vec::new();
         offs.push(0);
         read_token_lists(&src, limit, &mut toks, &mut offs, &mut issues).map_err(unreadable)?;
         check_rows(offs.len() - 1)?;
@@ -316,7 +364,7 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
     };
 
     let read_meta = || -> Result<Decoded> {
-        let (prompt, prompt_offsets, prompt_issues) = read_tokens(&cols.prompt)?;
+        let (prompt, prompt_offsets, prompt_issues) = read_tokens(&cols.prompt, spare.prompt)?;
         let mut d = Decoded {
             rows,
             uids: Vec::with_capacity(cap),
@@ -384,10 +432,11 @@ fn decode(path: &Path, opts: &ReadOptions) -> Result<Decoded> {
         d.issues.extend(prompt_issues);
         Ok(d)
     };
-    let read_response = || read_tokens(&cols.response);
+    let read_response = || read_tokens(&cols.response, spare.response);
     let read_log_probs = || -> Result<(Vec<f32>, Vec<usize>, Vec<Issue>)> {
         let src = list_source(path, meta.metadata(), &cols.log_probs)?;
-        let mut vals = Vec::with_capacity(src.leaf.entries());
+        let mut vals = spare.log_probs;
+        vals.reserve_exact(src.leaf.entries());
         let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
         offs.push(0);
         read_float_lists(&src, &mut vals, &mut offs, &mut issues).map_err(unreadable)?;

@@ -11,7 +11,8 @@ use arrow_array::{ArrayRef, BooleanArray, Int32Array, StringArray};
 use common::{small_batch, small_config, write_columns};
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_data::{
-    read_shard, write_shard, AuditSums, Dataset, Issue, IssueKind, ReadOptions, StepRange,
+    read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, Issue, IssueKind, ReadOptions,
+    StepRange,
 };
 
 #[test]
@@ -105,6 +106,38 @@ fn dataset_layouts_and_step_ranges() {
     assert!(ds.read_step(9, &opts).is_err());
     assert!(Dataset::open_steps(spec, StepRange::new(7, 9)).is_err());
     assert!(Dataset::open("/nonexistent/rollouts").is_err());
+}
+
+#[test]
+fn recycled_batches_read_like_fresh_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SynthConfig {
+        steps: 4,
+        ..small_config()
+    };
+    write_dataset(dir.path(), &cfg, |_| {}).unwrap();
+    let ds = Dataset::open(dir.path().to_str().unwrap()).unwrap();
+    let opts = ReadOptions {
+        eos: 999,
+        ..Default::default()
+    };
+    // Each step is decoded into the buffers of the step before it.
+    let mut steps = ds.iter(StepRange::ALL, opts);
+    let mut seen = Vec::new();
+    while let Some(item) = steps.next() {
+        let (batch, report) = item.unwrap();
+        assert!(report.is_clean(), "{report}");
+        let (fresh, _) = ds.read_step(batch.step, &opts).unwrap();
+        assert_eq!(batch, fresh);
+        seen.push(batch.step);
+        steps.recycle(batch);
+    }
+    assert_eq!(seen, vec![1, 2, 3, 4]);
+    // A spare from another step's batch, with data left in it, is emptied before use.
+    let path = ds.shard(2).unwrap();
+    let (spare, _) = ds.read_step(4, &opts).unwrap();
+    let (back, _) = read_shard_reusing(path, 2, &opts, Some(spare)).unwrap();
+    assert_eq!(back, ds.read_step(2, &opts).unwrap().0);
 }
 
 #[test]

@@ -111,7 +111,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut total = AuditSums::default();
     let mut skipped = 0;
-    for item in ds.iter(StepRange::ALL, opts) {
+    let mut steps = ds.iter(StepRange::ALL, opts);
+    while let Some(item) = steps.next() {
         let (batch, report) = item?;
         let sums = AuditSums::of_batch(&batch, args.eos);
         total.merge(&sums);
@@ -142,6 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(())
         })?;
         bar.inc(1);
+        steps.recycle(batch);
     }
     bar.finish_and_clear();
     let stats = total.stats();
