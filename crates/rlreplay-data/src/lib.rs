@@ -10,6 +10,7 @@ pub mod batch;
 pub mod dataset;
 pub mod hub;
 mod lists;
+mod pages;
 pub mod read;
 pub mod report;
 pub mod stats;

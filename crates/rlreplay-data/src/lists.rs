@@ -14,7 +14,6 @@ use parquet::basic::{ConvertedType, LogicalType, Repetition, Type as PhysicalTyp
 use parquet::column::reader::{get_column_reader, get_typed_column_reader};
 use parquet::data_type::{DataType as ParquetType, DoubleType, FloatType, Int32Type, Int64Type};
 use parquet::file::metadata::ParquetMetaData;
-use parquet::file::serialized_reader::SerializedPageReader;
 
 use crate::report::{Issue, IssueKind};
 
@@ -361,11 +360,9 @@ where
     for rg in src.meta.row_groups() {
         let rg_rows = usize::try_from(rg.num_rows())
             .map_err(|_| "negative row count in a row group".to_owned())?;
-        let pages =
-            SerializedPageReader::new(Arc::clone(&src.file), rg.column(leaf.index), rg_rows, None)
-                .map_err(|e| format!("cannot read column `{}`: {e}", src.name))?;
-        let mut reader =
-            get_typed_column_reader::<T>(get_column_reader(descr.clone(), Box::new(pages)));
+        let pages = crate::pages::open(&src.file, rg.column(leaf.index), rg_rows)
+            .map_err(|e| format!("cannot read column `{}`: {e}", src.name))?;
+        let mut reader = get_typed_column_reader::<T>(get_column_reader(descr.clone(), pages));
         loop {
             def.clear();
             rep.clear();

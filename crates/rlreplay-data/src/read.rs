@@ -354,7 +354,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
                        (mut toks, mut offs): (Vec<u32>, Vec<usize>)|
      -> Result<(Vec<u32>, Vec<usize>, Vec<Issue>)> {
         let src = list_source(path, meta.metadata(), name)?;
-        toks.reserve_exact(src.leaf.entries());
+        reserve_values(&mut toks, src.leaf.entries());
         offs.reserve_exact(cap + 1);
         let mut issues = Vec::new();
         offs.push(0);
@@ -436,7 +436,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
     let read_log_probs = || -> Result<(Vec<f32>, Vec<usize>, Vec<Issue>)> {
         let src = list_source(path, meta.metadata(), &cols.log_probs)?;
         let mut vals = spare.log_probs;
-        vals.reserve_exact(src.leaf.entries());
+        reserve_values(&mut vals, src.leaf.entries());
         let (mut offs, mut issues) = (Vec::with_capacity(cap + 1), Vec::new());
         offs.push(0);
         read_float_lists(&src, &mut vals, &mut offs, &mut issues).map_err(unreadable)?;
@@ -456,6 +456,14 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
     d.issues.append(&mut lp_issues);
     d.names = cols;
     Ok(d)
+}
+
+/// Makes room for `n` values in a (cleared) token or log-prob buffer; a buffer that must grow
+/// gets 1/32 more than asked, so that the next, slightly longer shard still fits.
+fn reserve_values<T>(buf: &mut Vec<T>, n: usize) {
+    if buf.capacity() - buf.len() < n {
+        buf.reserve_exact(n.saturating_add(n / 32));
+    }
 }
 
 /// A list column of a shard, on a file handle of its own.

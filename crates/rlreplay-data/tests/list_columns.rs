@@ -57,7 +57,7 @@ fn storage() -> impl Strategy<Value = Storage> {
     (
         (0usize..5, any::<bool>(), any::<bool>(), any::<bool>()),
         (any::<bool>(), 1usize..6, 1usize..40, 1usize..20),
-        (any::<bool>(), any::<bool>(), 0usize..3),
+        (any::<bool>(), any::<bool>(), 0usize..5),
     )
         .prop_map(
             |(
@@ -285,7 +285,9 @@ fn write(path: &std::path::Path, rows: &[Row], plants: &[Option<Plant>], s: &Sto
         .set_compression(match s.compression {
             0 => Compression::UNCOMPRESSED,
             1 => Compression::ZSTD(ZstdLevel::default()),
-            _ => Compression::SNAPPY,
+            2 => Compression::SNAPPY,
+            3 => Compression::GZIP(Default::default()),
+            _ => Compression::LZ4_RAW,
         })
         .build();
     let file = std::fs::File::create(path).unwrap();
