@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Audit throughput: `rlreplay audit --json` against the equivalent pyarrow + numpy script
 # (bench/audit_pyarrow.py) on synthetic shards of the published run's size (4096 rows, mean
-# response ~1400 tokens, ~1.8% truncated at 4096). Prints rows/s of both (best of REPEAT runs) and
-# the ratio, then the peak RSS of rlreplay over 10 shards against one shard's decoded size.
+# response ~1400 tokens, ~1.8% truncated at 4096). Prints rows/s of both (best of REPEAT alternating
+# runs) and the ratio, then the peak RSS of rlreplay over 10 shards against one shard's decoded
+# size.
 #
 #   bench/audit.sh            (env: SHARDS=3 REPEAT=3 OUT=bench/out/audit)
 # Needs .venv/arrow (pyarrow, numpy): scripts/setup-venv.sh arrow pyarrow numpy
@@ -20,14 +21,11 @@ fi
 files=$(for s in $(seq 1 "$SHARDS"); do printf '%s/data/step-%04d.parquet ' "$OUT" "$s"; done)
 rows=$((SHARDS * 4096))
 
-best() { # best wall time in seconds of REPEAT runs of "$@"
-  local b=
-  for _ in $(seq "$REPEAT"); do
-    local t0 t1
-    t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N)
-    b=$(python3 -c "t=$t1-$t0; b='$b'; print(t if not b else min(t, float(b)))")
-  done
-  echo "$b"
+timed_min() { # PREV CMD...: the smaller of PREV (seconds, may be empty) and one timed run of CMD
+  local prev=$1 t0 t1
+  shift
+  t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N)
+  python3 -c "t=$t1-$t0; b='$prev'; print(t if not b else min(t, float(b)))"
 }
 
 # Same numbers from both tools (sanity check before timing).
@@ -40,8 +38,12 @@ assert r["rows"] == p["rows"], (r, p)
 assert abs(r["logprob_mean"] - p["logprob_mean"]) < 1e-9, (r, p)
 PY
 
-t_rust=$(best "$BIN" audit "$OUT" --steps "1..$SHARDS" --json)
-t_py=$(best "$PY" bench/audit_pyarrow.py $files)
+# Runs alternate between the two tools, so that both see the same machine state.
+t_rust=; t_py=
+for _ in $(seq "$REPEAT"); do
+  t_rust=$(timed_min "$t_rust" "$BIN" audit "$OUT" --steps "1..$SHARDS" --json)
+  t_py=$(timed_min "$t_py" "$PY" bench/audit_pyarrow.py $files)
+done
 python3 - "$rows" "$t_rust" "$t_py" <<'PY'
 import sys
 rows, tr, tp = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])

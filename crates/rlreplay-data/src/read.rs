@@ -288,6 +288,8 @@ struct Decoded {
     response_offsets: Vec<usize>,
     log_probs: Vec<f32>,
     log_prob_offsets: Vec<usize>,
+    /// Whether every log-prob is valid ([`valid_log_prob`]); checked on the decoding thread.
+    log_probs_valid: bool,
     /// Per mask column: its name and each row's (length, all ones).
     masks: Vec<(String, Vec<(usize, bool)>)>,
     /// Row-level problems found while decoding.
@@ -379,6 +381,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
             response_offsets: Vec::new(),
             log_probs: Vec::new(),
             log_prob_offsets: Vec::new(),
+            log_probs_valid: true,
             masks: cols
                 .masks
                 .iter()
@@ -433,7 +436,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
         Ok(d)
     };
     let read_response = || read_tokens(&cols.response, spare.response);
-    let read_log_probs = || -> Result<(Vec<f32>, Vec<usize>, Vec<Issue>)> {
+    let read_log_probs = || -> Result<DecodedLogProbs> {
         let src = list_source(path, meta.metadata(), &cols.log_probs)?;
         let mut vals = spare.log_probs;
         reserve_values(&mut vals, src.leaf.entries());
@@ -441,21 +444,43 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
         offs.push(0);
         read_float_lists(&src, &mut vals, &mut offs, &mut issues).map_err(unreadable)?;
         check_rows(offs.len() - 1)?;
-        Ok((vals, offs, issues))
+        let valid = vals.iter().fold(true, |acc, &x| acc & valid_log_prob(x));
+        Ok(DecodedLogProbs {
+            values: vals,
+            offsets: offs,
+            issues,
+            valid,
+        })
     };
     let (meta_part, (resp, lps)) =
         rayon::join(read_meta, || rayon::join(read_response, read_log_probs));
     let mut d = meta_part?;
     let (response, response_offsets, mut resp_issues) = resp?;
-    let (log_probs, log_prob_offsets, mut lp_issues) = lps?;
+    let mut lps = lps?;
     d.response = response;
     d.response_offsets = response_offsets;
-    d.log_probs = log_probs;
-    d.log_prob_offsets = log_prob_offsets;
+    d.log_probs = lps.values;
+    d.log_prob_offsets = lps.offsets;
+    d.log_probs_valid = lps.valid;
     d.issues.append(&mut resp_issues);
-    d.issues.append(&mut lp_issues);
+    d.issues.append(&mut lps.issues);
     d.names = cols;
     Ok(d)
+}
+
+/// A decoded log-prob column.
+struct DecodedLogProbs {
+    values: Vec<f32>,
+    offsets: Vec<usize>,
+    /// Row-level problems found while decoding.
+    issues: Vec<Issue>,
+    /// Whether every value is valid ([`valid_log_prob`]).
+    valid: bool,
+}
+
+/// A log-prob is finite and not positive.
+fn valid_log_prob(x: f32) -> bool {
+    x <= 0.0 && x.is_finite()
 }
 
 /// Makes room for `n` values in a (cleared) token or log-prob buffer; a buffer that must grow
@@ -657,9 +682,8 @@ fn check(
     let lp_col = d.names.log_probs.as_str();
     let score_col = d.names.score.as_str();
     let span = |o: &[usize], r: usize| -> Range<usize> { o[r]..o[r + 1] };
-    // Fast whole-shard test first; per-row scans only when something is wrong.
-    let lp_ok = |x: f32| x <= 0.0 && x.is_finite();
-    let all_lp_ok = d.log_probs.iter().fold(true, |acc, &x| acc & lp_ok(x));
+    // Per-row log-prob scans only when the whole-shard test failed.
+    let all_lp_ok = d.log_probs_valid;
     for r in 0..d.rows {
         let resp = span(&d.response_offsets, r);
         let lps = span(&d.log_prob_offsets, r);
@@ -682,7 +706,7 @@ fn check(
             );
         }
         if !all_lp_ok {
-            if let Some(j) = lps.clone().find(|&j| !lp_ok(d.log_probs[j])) {
+            if let Some(j) = lps.clone().find(|&j| !valid_log_prob(d.log_probs[j])) {
                 let x = d.log_probs[j];
                 let what = if x.is_nan() {
                     "NaN"
