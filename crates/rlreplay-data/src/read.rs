@@ -452,8 +452,10 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
             valid,
         })
     };
-    let (meta_part, (resp, lps)) =
-        rayon::join(read_meta, || rayon::join(read_response, read_log_probs));
+    // The two large columns start at once on two threads; the small rest goes to whichever
+    // finishes first (a thread steals the oldest pending job).
+    let (resp, (lps, meta_part)) =
+        rayon::join(read_response, || rayon::join(read_log_probs, read_meta));
     let mut d = meta_part?;
     let (response, response_offsets, mut resp_issues) = resp?;
     let mut lps = lps?;
