@@ -1,24 +1,27 @@
 //! List columns decoded straight from their Parquet pages into flat buffers.
 //!
 //! The token and log-prob columns hold nearly all of a shard's bytes. Instead of building Arrow
-//! arrays and copying them out, their pages are decoded a few rows at a time with parquet's column
-//! readers: repetition levels mark where rows start, definition levels tell null lists, empty
-//! lists and null elements apart, and the values are checked and appended to the output. Only a
-//! small scratch buffer (one chunk of levels and values) exists besides the output.
+//! arrays and copying them out, their pages are decoded a chunk at a time: repetition levels mark
+//! where rows start, definition levels tell null lists, empty lists and null elements apart, and
+//! the values are checked and appended to the output. Pages with PLAIN values (what rlreplay
+//! writes) are decoded here; column chunks with dictionary or other encodings go through parquet's
+//! column reader. Only a small scratch buffer (one chunk of levels and values) exists besides the
+//! output.
 
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use parquet::basic::{ConvertedType, LogicalType, Repetition, Type as PhysicalType};
+use parquet::basic::{ConvertedType, Encoding, LogicalType, Repetition, Type as PhysicalType};
+use parquet::column::page::{Page, PageReader};
 use parquet::column::reader::{get_column_reader, get_typed_column_reader};
 use parquet::data_type::{DataType as ParquetType, DoubleType, FloatType, Int32Type, Int64Type};
 use parquet::file::metadata::ParquetMetaData;
 
 use crate::report::{Issue, IssueKind};
 
-/// Rows decoded per call into a column reader (bounds the scratch buffers to a few hundred KiB).
-const CHUNK_ROWS: usize = 64;
+/// Rows decoded per call into a column reader (keeps the scratch buffers within the L2 cache).
+const CHUNK_ROWS: usize = 16;
 
 /// A list column's leaf in the Parquet schema and the meaning of its definition levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,7 +277,7 @@ enum Problem {
 }
 
 /// Problems seen so far in the row being decoded.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Row {
     started: bool,
     null_list: bool,
@@ -339,7 +342,136 @@ fn row_starts(rep: &[i16], mut f: impl FnMut(usize)) {
     }
 }
 
+/// Levels decoded at a time from a plain page (keeps levels and values within the L2 cache).
+const CHUNK_LEVELS: usize = 8192;
+
+/// Values stored with the PLAIN encoding: little-endian, fixed width.
+trait Plain: Copy {
+    /// Bytes per value.
+    const SIZE: usize;
+    /// The value in `b` (exactly `SIZE` bytes).
+    fn read(b: &[u8]) -> Self;
+}
+
+macro_rules! plain {
+    ($($t:ty),*) => {$(
+        impl Plain for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn read(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().expect("chunks of SIZE bytes"))
+            }
+        }
+    )*};
+}
+plain!(i32, i64, f32, f64);
+
+/// Where decoded levels and values go: the output buffers, the current row and how values are
+/// checked and shown.
+struct Sink<'a, 's, O, V, C, S, D> {
+    src: &'a ListSource<'s>,
+    out: &'a mut Vec<O>,
+    offsets: &'a mut Vec<usize>,
+    issues: &'a mut Vec<Issue>,
+    values: Values<V, C, S>,
+    describe: D,
+    row: Row,
+}
+
+impl<O, V, C, S, D> Sink<'_, '_, O, V, C, S, D>
+where
+    O: Copy + Default,
+    D: Fn(Problem) -> (IssueKind, String),
+{
+    /// Appends one run of levels and the values of its non-null elements.
+    fn emit<T: Copy>(&mut self, def: &[i16], rep: &[i16], raw: &[T]) -> Result<(), String>
+    where
+        V: Fn(T) -> bool,
+        C: Fn(T) -> O,
+        S: Fn(T) -> String,
+    {
+        let leaf = self.src.leaf;
+        let clean = raw.len() == def.len()
+            && def.iter().fold(true, |acc, &d| acc & (d == leaf.max_def))
+            && raw
+                .iter()
+                .fold(true, |acc, &x| acc & (self.values.valid)(x));
+        if clean {
+            // Fast path: one value per level, every value valid; only row ends to find.
+            let base = self.out.len();
+            self.out
+                .extend(raw.iter().map(|&x| (self.values.convert)(x)));
+            // The column's first level starts the first row, whatever its repetition level.
+            let first = !std::mem::replace(&mut self.row.started, true);
+            row_starts(rep, |i| {
+                if i > 0 || !first {
+                    self.row.next(
+                        base + i,
+                        self.src,
+                        self.offsets,
+                        self.issues,
+                        &self.describe,
+                    );
+                }
+            });
+            return Ok(());
+        }
+        let mut vals = raw.iter();
+        for (&d, &r) in def.iter().zip(rep) {
+            if r == 0 || !self.row.started {
+                self.row.next(
+                    self.out.len(),
+                    self.src,
+                    self.offsets,
+                    self.issues,
+                    &self.describe,
+                );
+            }
+            let pos = self.out.len() - self.offsets[self.offsets.len() - 1];
+            if d < leaf.list_def {
+                self.row.null_list = true;
+            } else if d == leaf.list_def {
+                // An empty list.
+            } else if d < leaf.max_def {
+                self.row.first_null.get_or_insert(pos);
+                self.out.push(O::default());
+            } else {
+                let &x = vals.next().ok_or_else(|| {
+                    format!(
+                        "corrupted data in column `{}` near row {}: fewer values than levels",
+                        self.src.name,
+                        self.offsets.len() - 1
+                    )
+                })?;
+                if self.row.first_bad.is_none() && !(self.values.valid)(x) {
+                    self.row.first_bad = Some((pos, (self.values.show)(x)));
+                }
+                self.out.push((self.values.convert)(x));
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for corrupted data in this column near the current row.
+    fn corrupted(&self, what: impl std::fmt::Display) -> String {
+        format!(
+            "corrupted data in column `{}` near row {}: {what}",
+            self.src.name,
+            self.offsets.len() - 1
+        )
+    }
+}
+
+/// Scratch buffers for one chunk of levels and values.
+struct Scratch<T> {
+    def: Vec<i16>,
+    rep: Vec<i16>,
+    raw: Vec<T>,
+}
+
 /// Decodes every row group of one list column chunk by chunk into `out` and `offsets`.
+///
+/// Pages with PLAIN values are decoded here; a column chunk with other pages (dictionary or
+/// other encodings) is decoded again from its start with parquet's column reader.
 fn decode<T, O>(
     src: &ListSource,
     out: &mut Vec<O>,
@@ -350,89 +482,322 @@ fn decode<T, O>(
 ) -> Result<(), String>
 where
     T: ParquetType,
-    T::T: Copy,
+    T::T: Plain,
     O: Copy + Default,
 {
     let leaf = src.leaf;
-    let descr = src.meta.file_metadata().schema_descr().column(leaf.index);
-    let (mut def, mut rep, mut raw) = (Vec::new(), Vec::new(), Vec::<T::T>::new());
-    let mut row = Row::default();
+    let mut sink = Sink {
+        src,
+        out,
+        offsets,
+        issues,
+        values,
+        describe,
+        row: Row::default(),
+    };
+    let mut s = Scratch {
+        def: Vec::new(),
+        rep: Vec::new(),
+        raw: Vec::<T::T>::new(),
+    };
     for rg in src.meta.row_groups() {
         let rg_rows = usize::try_from(rg.num_rows())
             .map_err(|_| "negative row count in a row group".to_owned())?;
-        let pages = crate::pages::open(&src.file, rg.column(leaf.index), rg_rows)
-            .map_err(|e| format!("cannot read column `{}`: {e}", src.name))?;
-        let mut reader = get_typed_column_reader::<T>(get_column_reader(descr.clone(), pages));
-        loop {
-            def.clear();
-            rep.clear();
-            raw.clear();
-            let (_, _, levels) = reader
-                .read_records(CHUNK_ROWS, Some(&mut def), Some(&mut rep), &mut raw)
-                .map_err(|e| {
-                    format!(
-                        "corrupted data in column `{}` near row {}: {e}",
-                        src.name,
-                        offsets.len() - 1
-                    )
-                })?;
-            if levels == 0 {
-                break;
+        let open = || {
+            crate::pages::open(&src.file, rg.column(leaf.index), rg_rows)
+                .map_err(|e| format!("cannot read column `{}`: {e}", src.name))
+        };
+        let mark = (
+            sink.out.len(),
+            sink.offsets.len(),
+            sink.issues.len(),
+            sink.row.clone(),
+        );
+        if !plain_chunk(open()?, &mut sink, &mut s)? {
+            sink.out.truncate(mark.0);
+            sink.offsets.truncate(mark.1);
+            sink.issues.truncate(mark.2);
+            sink.row = mark.3;
+            reader_chunk::<T, _, _, _, _, _>(open()?, &mut sink, &mut s)?;
+        }
+    }
+    if sink.row.started {
+        let end = sink.out.len();
+        sink.row
+            .finish(end, src, sink.offsets, sink.issues, &sink.describe);
+    }
+    Ok(())
+}
+
+/// Decodes a column chunk whose data pages all hold PLAIN values; `false` (with partial output
+/// the caller discards) at the first page of another kind.
+fn plain_chunk<T, O, V, C, S, D>(
+    mut pages: Box<dyn PageReader>,
+    sink: &mut Sink<'_, '_, O, V, C, S, D>,
+    s: &mut Scratch<T>,
+) -> Result<bool, String>
+where
+    T: Plain,
+    O: Copy + Default,
+    V: Fn(T) -> bool,
+    C: Fn(T) -> O,
+    S: Fn(T) -> String,
+    D: Fn(Problem) -> (IssueKind, String),
+{
+    let leaf = sink.src.leaf;
+    let (rep_width, def_width) = (bit_width(1), bit_width(leaf.max_def));
+    loop {
+        let page = pages.get_next_page().map_err(|e| sink.corrupted(e))?;
+        let (levels, rep, def, vals): (usize, &[u8], &[u8], &[u8]);
+        let buf;
+        match page {
+            None => return Ok(true),
+            Some(Page::DataPage {
+                buf: b,
+                num_values,
+                encoding: Encoding::PLAIN,
+                def_level_encoding: Encoding::RLE,
+                rep_level_encoding: Encoding::RLE,
+                ..
+            }) => {
+                buf = b;
+                let (r, rest) = prefixed(&buf).ok_or_else(|| sink.corrupted("bad levels"))?;
+                let (d, v) = prefixed(rest).ok_or_else(|| sink.corrupted("bad levels"))?;
+                (levels, rep, def, vals) = (num_values as usize, r, d, v);
             }
-            if def.len() != levels || rep.len() != levels {
-                return Err(format!(
-                    "corrupted levels in column `{}` near row {}",
-                    src.name,
-                    offsets.len() - 1
-                ));
-            }
-            let clean = raw.len() == levels
-                && def.iter().fold(true, |acc, &d| acc & (d == leaf.max_def))
-                && raw.iter().fold(true, |acc, &x| acc & (values.valid)(x));
-            if clean {
-                // Fast path: one value per level, every value valid; only row ends to find.
-                let base = out.len();
-                out.extend(raw.iter().map(|&x| (values.convert)(x)));
-                // The column's first level starts the first row, whatever its repetition level.
-                let first = !std::mem::replace(&mut row.started, true);
-                row_starts(&rep, |i| {
-                    if i > 0 || !first {
-                        row.next(base + i, src, offsets, issues, &describe);
-                    }
-                });
-                continue;
-            }
-            let mut vals = raw.iter();
-            for (&d, &r) in def.iter().zip(&rep) {
-                if r == 0 || !row.started {
-                    row.next(out.len(), src, offsets, issues, &describe);
+            Some(Page::DataPageV2 {
+                buf: b,
+                num_values,
+                encoding: Encoding::PLAIN,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            }) => {
+                buf = b;
+                let (r, d) = (rep_levels_byte_len as usize, def_levels_byte_len as usize);
+                if r.saturating_add(d) > buf.len() {
+                    return Err(sink.corrupted("bad levels"));
                 }
-                let pos = out.len() - offsets[offsets.len() - 1];
-                if d < leaf.list_def {
-                    row.null_list = true;
-                } else if d == leaf.list_def {
-                    // An empty list.
-                } else if d < leaf.max_def {
-                    row.first_null.get_or_insert(pos);
-                    out.push(O::default());
-                } else {
-                    let &x = vals.next().ok_or_else(|| {
-                        format!(
-                            "corrupted data in column `{}` near row {}: fewer values than levels",
-                            src.name,
-                            offsets.len() - 1
-                        )
-                    })?;
-                    if row.first_bad.is_none() && !(values.valid)(x) {
-                        row.first_bad = Some((pos, (values.show)(x)));
+                let (r, rest) = buf.split_at(r);
+                let (d, v) = rest.split_at(d);
+                (levels, rep, def, vals) = (num_values as usize, r, d, v);
+            }
+            Some(_) => return Ok(false),
+        }
+        let (mut reps, mut defs) = (Hybrid::new(rep, rep_width), Hybrid::new(def, def_width));
+        let mut vals = vals.chunks_exact(T::SIZE);
+        let mut left = levels;
+        while left > 0 {
+            let n = left.min(CHUNK_LEVELS);
+            left -= n;
+            s.rep.clear();
+            s.def.clear();
+            s.raw.clear();
+            reps.read(&mut s.rep, n).map_err(|e| sink.corrupted(e))?;
+            defs.read(&mut s.def, n).map_err(|e| sink.corrupted(e))?;
+            let present = s.def.iter().filter(|&&d| d >= leaf.max_def).count();
+            s.raw.extend(vals.by_ref().take(present).map(T::read));
+            if s.raw.len() < present {
+                return Err(sink.corrupted("fewer values than levels"));
+            }
+            sink.emit(&s.def, &s.rep, &s.raw)?;
+        }
+    }
+}
+
+/// Decodes a column chunk with parquet's column reader, a few rows at a time.
+fn reader_chunk<T, O, V, C, S, D>(
+    pages: Box<dyn PageReader>,
+    sink: &mut Sink<'_, '_, O, V, C, S, D>,
+    s: &mut Scratch<T::T>,
+) -> Result<(), String>
+where
+    T: ParquetType,
+    T::T: Copy,
+    O: Copy + Default,
+    V: Fn(T::T) -> bool,
+    C: Fn(T::T) -> O,
+    S: Fn(T::T) -> String,
+    D: Fn(Problem) -> (IssueKind, String),
+{
+    let descr = sink
+        .src
+        .meta
+        .file_metadata()
+        .schema_descr()
+        .column(sink.src.leaf.index);
+    let mut reader = get_typed_column_reader::<T>(get_column_reader(descr, pages));
+    loop {
+        s.def.clear();
+        s.rep.clear();
+        s.raw.clear();
+        let (_, _, levels) = reader
+            .read_records(CHUNK_ROWS, Some(&mut s.def), Some(&mut s.rep), &mut s.raw)
+            .map_err(|e| sink.corrupted(e))?;
+        if levels == 0 {
+            return Ok(());
+        }
+        if s.def.len() != levels || s.rep.len() != levels {
+            return Err(sink.corrupted("levels and values disagree"));
+        }
+        sink.emit(&s.def, &s.rep, &s.raw)?;
+    }
+}
+
+/// Bits needed for levels up to `max`.
+fn bit_width(max: i16) -> u32 {
+    16 - (max.max(0) as u16).leading_zeros()
+}
+
+/// Splits off a v1 page's level section: a 4-byte little-endian length, then that many bytes.
+fn prefixed(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    let rest = &b[4..];
+    (len <= rest.len()).then(|| rest.split_at(len))
+}
+
+/// A reader of levels in Parquet's RLE / bit-packing hybrid encoding.
+struct Hybrid<'a> {
+    data: &'a [u8],
+    width: u32,
+    /// Levels left in the current run.
+    left: usize,
+    /// The value of the current RLE run; `None` in a bit-packed run.
+    value: Option<i16>,
+    /// The bit-packed run's bytes and the next level's bit offset in them.
+    packed: &'a [u8],
+    bit: usize,
+}
+
+impl<'a> Hybrid<'a> {
+    fn new(data: &'a [u8], width: u32) -> Self {
+        Hybrid {
+            data,
+            width,
+            left: 0,
+            value: None,
+            packed: &[],
+            bit: 0,
+        }
+    }
+
+    /// Appends the next `n` levels to `out`.
+    fn read(&mut self, out: &mut Vec<i16>, mut n: usize) -> Result<(), &'static str> {
+        while n > 0 {
+            if self.left == 0 {
+                self.next_run()?;
+            }
+            let k = n.min(self.left);
+            match self.value {
+                Some(v) => out.extend(std::iter::repeat_n(v, k)),
+                None => {
+                    let w = self.width as usize;
+                    let mask = (1u32 << w) - 1;
+                    for _ in 0..k {
+                        let (byte, shift) = (self.bit / 8, self.bit % 8);
+                        let mut word = 0u32;
+                        for (j, &b) in self.packed.iter().skip(byte).take(3).enumerate() {
+                            word |= u32::from(b) << (8 * j);
+                        }
+                        out.push(((word >> shift) & mask) as i16);
+                        self.bit += w;
                     }
-                    out.push((values.convert)(x));
                 }
+            }
+            self.left -= k;
+            n -= k;
+        }
+        Ok(())
+    }
+
+    /// Reads the next non-empty run's header (and an RLE run's value).
+    fn next_run(&mut self) -> Result<(), &'static str> {
+        while self.left == 0 {
+            let mut header = 0u64;
+            for shift in (0..35).step_by(7) {
+                let (&b, rest) = self.data.split_first().ok_or("levels end early")?;
+                self.data = rest;
+                header |= u64::from(b & 0x7f) << shift;
+                if b & 0x80 == 0 {
+                    break;
+                }
+                if shift == 28 {
+                    return Err("bad level run header");
+                }
+            }
+            let count = usize::try_from(header >> 1).map_err(|_| "bad level run header")?;
+            if header & 1 == 1 {
+                // Bit-packed: `count` groups of 8 levels, `width` bytes per group.
+                let bytes = count
+                    .checked_mul(self.width as usize)
+                    .filter(|&b| b <= self.data.len())
+                    .ok_or("levels end early")?;
+                (self.packed, self.data) = self.data.split_at(bytes);
+                (self.left, self.value, self.bit) = (count * 8, None, 0);
+            } else {
+                let bytes = (self.width as usize).div_ceil(8);
+                if bytes > self.data.len() {
+                    return Err("levels end early");
+                }
+                let (v, rest) = self.data.split_at(bytes);
+                self.data = rest;
+                let v = v
+                    .iter()
+                    .rev()
+                    .fold(0u32, |acc, &b| (acc << 8) | u32::from(b));
+                if v >> self.width != 0 {
+                    return Err("bad level value");
+                }
+                (self.left, self.value) = (count, Some(v as i16));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn hybrid_reads_bit_packed_and_rle_runs_in_any_chunks() {
+        // One bit-packed group of eight 2-bit levels, then an RLE run of five 2s.
+        let data = [0b11, 0xE4, 0x1B, 5 << 1, 2];
+        let want = [0, 1, 2, 3, 3, 2, 1, 0, 2, 2, 2, 2, 2];
+        for chunk in 1..=want.len() {
+            let (mut h, mut got) = (Hybrid::new(&data, 2), Vec::new());
+            for start in (0..want.len()).step_by(chunk) {
+                h.read(&mut got, chunk.min(want.len() - start)).unwrap();
+            }
+            assert_eq!(got, want, "chunks of {chunk}");
+        }
+        let mut h = Hybrid::new(&data, 2);
+        assert!(
+            h.read(&mut Vec::new(), want.len() + 1).is_err(),
+            "levels end early"
+        );
+    }
+
+    #[test]
+    fn level_bit_widths() {
+        let widths: Vec<u32> = [0, 1, 2, 3, 4, 7, 8].into_iter().map(bit_width).collect();
+        assert_eq!(widths, [0, 1, 2, 2, 3, 3, 4]);
+    }
+
+    proptest! {
+        #[test]
+        fn hybrid_never_panics_on_arbitrary_bytes(
+            data in proptest::collection::vec(any::<u8>(), 0..48),
+            width in 1u32..=4,
+            n in 0usize..200,
+        ) {
+            let mut out = Vec::new();
+            if Hybrid::new(&data, width).read(&mut out, n).is_ok() {
+                prop_assert_eq!(out.len(), n);
+                prop_assert!(out.iter().all(|&v| (v as u32) < (1 << width)));
             }
         }
     }
-    if row.started {
-        row.finish(out.len(), src, offsets, issues, &describe);
-    }
-    Ok(())
 }
