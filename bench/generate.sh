@@ -14,7 +14,7 @@ py="$root/.venv/torch/bin/python"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$root"
-cargo build --release -q -p rlreplay-eval --example generate_bench
+cargo build --release -q -p rlreplay-sampling --example generate_bench
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 ours=$(RAYON_NUM_THREADS=$threads "$root/target/release/examples/generate_bench" "$dir/model" "$batch" "$prompt_len" "$new_tokens")
 theirs=$("$py" "$root/bench/generate_hf.py" "$dir/model" "$batch" "$prompt_len" "$new_tokens" "$threads")

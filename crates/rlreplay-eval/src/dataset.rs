@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
-use crate::chat::Message;
+use rlreplay_sampling::chat::Message;
 
 /// The data source given to rows without one.
 pub const UNKNOWN_SOURCE: &str = "unknown";

@@ -1,12 +1,9 @@
-//! Evaluation of Qwen3 policies: chat-template rendering, token sampling, batched generation,
-//! validation-set reading and the metrics mean@k, pass@k and maj@k.
+//! Evaluation of policies: validation-set reading, scoring, the metrics mean@k, pass@k and maj@k,
+//! reports, and the pipeline that samples through `rlreplay-sampling` and scores the answers.
 #![warn(missing_docs)]
 
-pub mod chat;
 pub mod dataset;
-pub mod engine;
 pub mod metrics;
 pub mod pipeline;
 pub mod report;
-pub mod sampling;
 pub mod scoring;

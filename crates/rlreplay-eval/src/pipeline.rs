@@ -6,11 +6,11 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use rlreplay_model::{DType, Device, Qwen3};
 
-use crate::chat::{ChatOptions, ChatTokenizer};
 use crate::dataset::PromptItem;
-use crate::engine::Generation;
 use crate::scoring::{Answer, Scorer};
 use rlreplay_model::generate::Decoder;
+use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer};
+use rlreplay_sampling::engine::Generation;
 
 /// A model ready for sampling, with its tokenizer and chat template.
 pub struct Policy {

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use rlreplay_eval::chat::Message;
 use rlreplay_eval::dataset::read_prompts;
+use rlreplay_sampling::chat::Message;
 
 #[test]
 fn reads_verl_parquet() {

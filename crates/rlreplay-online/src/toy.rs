@@ -255,7 +255,7 @@ pub fn format_only_response(rng: &mut impl Rng, answers: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
+    use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 
     #[test]
     fn tokenizer_round_trips_one_id_per_character() {

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
 use rlreplay_data::{write_shard, RolloutBatch};
-use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_model::{DType, Device, Qwen3};
 use rlreplay_online::toy::{self, ToyModel};
+use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
 use rlreplay_train::{run, ReplayConfig, RunOptions};
 

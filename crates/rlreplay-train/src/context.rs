@@ -21,7 +21,7 @@ use std::sync::LazyLock;
 use anyhow::{anyhow, bail, Context, Result};
 use regex::Regex;
 use rlreplay_data::RolloutBatch;
-use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
+use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use serde::{Deserialize, Serialize};
 
 use crate::config::SelfDistillationSection;

@@ -13,8 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rlreplay_algo::AlgoConfig;
 use rlreplay_data::{resolve_hub_path, Dataset, ReadOptions, RolloutBatch};
-use rlreplay_eval::chat::ChatTokenizer;
 use rlreplay_model::{AdamW, Device, LrSchedule, Qwen3};
+use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{parse_steps, uses_teacher, ReplayConfig};

@@ -6,14 +6,14 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rlreplay_data::{write_shard, RolloutBatch};
-use rlreplay_eval::chat::ChatOptions;
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
-use rlreplay_eval::engine::{generate, Generation};
 use rlreplay_eval::pipeline::{score_generations, Policy};
-use rlreplay_eval::sampling::{SamplingParams, QWEN3_STOP_IDS};
 use rlreplay_eval::scoring::Scorer;
 use rlreplay_model::DType;
 use rlreplay_reward::RewardDispatch;
+use rlreplay_sampling::chat::ChatOptions;
+use rlreplay_sampling::engine::{generate, Generation};
+use rlreplay_sampling::sampling::{SamplingParams, QWEN3_STOP_IDS};
 
 /// Options shared by `generate` and `eval`: model, tokenizer, sampling and batching.
 #[derive(clap::Args, Debug, Clone)]

@@ -1,10 +1,10 @@
 //! Batched sampling on a random tiny Qwen3: log-probs equal the training path's, same seed gives
 //! the same outputs whatever the batch size, stop ids and length limits end sequences.
 
-use rlreplay_eval::engine::{generate, Generation};
-use rlreplay_eval::sampling::SamplingParams;
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::{DType, Device, Qwen3, Qwen3Config, SeqPair};
+use rlreplay_sampling::engine::{generate, Generation};
+use rlreplay_sampling::sampling::SamplingParams;
 
 fn model() -> Qwen3 {
     Qwen3::new_random(Qwen3Config::tiny(), 7, DType::F32, &Device::Cpu).unwrap()

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use rlreplay_eval::chat::{ChatOptions, ChatTokenizer, Message};
+use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 
 fn qwen3() -> ChatTokenizer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/qwen3");

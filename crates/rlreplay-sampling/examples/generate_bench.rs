@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
-use rlreplay_eval::engine::generate;
-use rlreplay_eval::sampling::SamplingParams;
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::{DType, Device, Qwen3, Qwen3Config};
+use rlreplay_sampling::engine::generate;
+use rlreplay_sampling::sampling::SamplingParams;
 
 /// The benchmark model: 4 layers, hidden 256, 8/4 heads of 32, MLP 768, vocab 8192.
 fn bench_config() -> Qwen3Config {
