@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Golden fixtures for the Qwen3 model crate, computed with Hugging Face transformers.
+"""Golden fixtures for the model crate (Qwen3 and Qwen2), computed with Hugging Face transformers.
 
 Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy safetensors
 
-  .venv/torch/bin/python scripts/golden_model.py generate
-      Builds tiny random Qwen3 checkpoints (tied embeddings, and untied with 4:1 grouped-query
-      attention), saves them with `save_pretrained` (float32) under
+  .venv/torch/bin/python scripts/golden_model.py generate [NAME...]
+      Builds tiny random checkpoints (all of MODELS, or the ones named): Qwen3 and Qwen2, each with
+      tied embeddings and untied with 4:1 grouped-query attention (the Qwen2 ones with random q/k/v
+      biases, the norms of all of them random around 1), saves them with `save_pretrained` (float32) under
       crates/rlreplay-model/tests/fixtures/<name>/, and writes for each:
         <name>.golden.json           the (prompt, response) pairs, temperature, the per-token
                                      weights g, golden per-token log-probs and entropies
@@ -36,23 +37,50 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from transformers.models.qwen3 import modeling_qwen3 as mq
+from transformers import (
+    AutoModelForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from transformers.models.qwen2 import modeling_qwen2
+from transformers.models.qwen3 import modeling_qwen3
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "crates/rlreplay-model/tests/fixtures"
 
+# architecture: (config class, model class, modeling module, RMSNorm class, rotary class)
+ARCHS = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3, "Qwen3RMSNorm", "Qwen3RotaryEmbedding"),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, modeling_qwen2, "Qwen2RMSNorm", "Qwen2RotaryEmbedding"),
+}
+
 MODELS = {
-    # name: (config overrides, temperature, seed)
+    # name: (architecture, config overrides, temperature, seed)
     "tiny_tied": (
+        "qwen3",
         dict(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0),
         1.0,
         11,
     ),
     "tiny_gqa_untied": (
+        "qwen3",
         dict(num_key_value_heads=1, tie_word_embeddings=False, rope_theta=1000000.0),
         0.7,
         12,
+    ),
+    "qwen2_tiny_tied": (
+        "qwen2",
+        dict(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0),
+        1.0,
+        21,
+    ),
+    "qwen2_tiny_gqa_untied": (
+        "qwen2",
+        dict(num_key_value_heads=1, tie_word_embeddings=False, rope_theta=1000000.0),
+        0.7,
+        22,
     ),
 }
 # (prompt length, response length) of the golden pairs.
@@ -60,7 +88,7 @@ PAIRS = [(5, 7), (3, 1), (9, 4), (1, 6)]
 ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 
-def config(overrides):
+def config(arch, overrides):
     base = dict(
         vocab_size=96,
         hidden_size=32,
@@ -73,9 +101,12 @@ def config(overrides):
         initializer_range=0.1,
         attn_implementation="eager",
     )
+    if arch == "qwen2":
+        # Qwen2 derives the head width from hidden_size / num_attention_heads (here 8).
+        del base["head_dim"]
     base.update(overrides)
     theta = base.pop("rope_theta")
-    cfg = Qwen3Config(**base, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    cfg = ARCHS[arch][0](**base, rope_parameters={"rope_type": "default", "rope_theta": theta})
     cfg._attn_implementation = "eager"
     return cfg
 
@@ -94,9 +125,14 @@ def rotary_forward(self, x, position_ids):
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
+def repeat_kv(x, n_rep):
+    b, h, t, d = x.shape
+    return x if n_rep == 1 else x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
+
+
 def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    key_states = mq.repeat_kv(key, module.num_key_value_groups)
-    value_states = mq.repeat_kv(value, module.num_key_value_groups)
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
@@ -106,22 +142,26 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
 
 
 class Float64Patches:
-    """Context manager running transformers' Qwen3 fully in the model dtype."""
+    """Context manager running transformers' model of `arch` fully in the model dtype."""
+
+    def __init__(self, arch):
+        _, _, self.module, norm, rotary = ARCHS[arch]
+        self.norm, self.rotary = getattr(self.module, norm), getattr(self.module, rotary)
 
     def __enter__(self):
-        self.saved = (mq.Qwen3RMSNorm.forward, mq.Qwen3RotaryEmbedding.forward, mq.eager_attention_forward)
-        mq.Qwen3RMSNorm.forward = rms_norm_forward
-        mq.Qwen3RotaryEmbedding.forward = rotary_forward
-        mq.eager_attention_forward = eager_attention_forward
+        self.saved = (self.norm.forward, self.rotary.forward, self.module.eager_attention_forward)
+        self.norm.forward = rms_norm_forward
+        self.rotary.forward = rotary_forward
+        self.module.eager_attention_forward = eager_attention_forward
 
     def __exit__(self, *exc):
-        mq.Qwen3RMSNorm.forward, mq.Qwen3RotaryEmbedding.forward, mq.eager_attention_forward = self.saved
+        self.norm.forward, self.rotary.forward, self.module.eager_attention_forward = self.saved
 
 
-def load_f64(path):
-    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
+def load_f64(arch, path):
+    model = ARCHS[arch][1].from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
     cfg = model.config
-    dim = cfg.head_dim
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     theta = cfg.rope_parameters["rope_theta"]
     model.model.rotary_emb.inv_freq_f64 = 1.0 / (
         theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -156,16 +196,20 @@ def weighted_backward(model, pairs, weights, temperature):
     (flat * torch.tensor(weights, dtype=flat.dtype)).sum().backward()
 
 
-def generate():
+def generate(names):
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    for name, (overrides, temperature, seed) in MODELS.items():
+    for name in names or MODELS:
+        arch, overrides, temperature, seed = MODELS[name]
+        model_class = ARCHS[arch][1]
         torch.manual_seed(seed)
-        cfg = config(overrides)
-        model = Qwen3ForCausalLM(cfg).to(torch.float32)
+        cfg = config(arch, overrides)
+        model = model_class(cfg).to(torch.float32)
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if "norm" in pname:
                     p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                elif pname.endswith(".bias"):
+                    p.copy_(0.1 * torch.randn_like(p))
         out = FIXTURES / name
         model.save_pretrained(out, safe_serialization=True)
         gen = torch.Generator().manual_seed(seed + 100)
@@ -181,12 +225,12 @@ def generate():
         weights2 = torch.randn(n_tokens, generator=gen, dtype=torch.float64).tolist()
 
         # Semantics check: unpatched float32 transformers against the float64 golden values.
-        model32 = Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+        model32 = model_class.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
         with torch.no_grad():
             lp32, _ = all_logprobs(model32, pairs, temperature)
 
-        with Float64Patches():
-            model64 = load_f64(out)
+        with Float64Patches(arch):
+            model64 = load_f64(arch, out)
             with torch.no_grad():
                 lps, ents = all_logprobs(model64, pairs, temperature)
             diff = max((a.double() - b).abs().max().item() for a, b in zip(lp32, lps))
@@ -267,7 +311,7 @@ def check_rust_save():
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "generate":
-        generate()
+        generate(sys.argv[2:])
     elif cmd == "check-rust-save":
         check_rust_save()
     else:

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rlreplay_model::{DType, Device, Qwen3, Qwen3Config};
+use rlreplay_model::{DType, Device, Model, ModelConfig};
 
 fn tiny_qwen3(dir: &Path) {
-    let cfg = Qwen3Config {
+    let cfg = ModelConfig {
         vocab_size: 151_936,
         hidden_size: 32,
         intermediate_size: 64,
@@ -15,9 +15,9 @@ fn tiny_qwen3(dir: &Path) {
         num_attention_heads: 2,
         num_key_value_heads: 1,
         head_dim: 16,
-        ..Qwen3Config::tiny()
+        ..ModelConfig::tiny()
     };
-    Qwen3::new_random(cfg, 9, DType::F32, &Device::Cpu)
+    Model::new_random(cfg, 9, DType::F32, &Device::Cpu)
         .unwrap()
         .save_hf(dir)
         .unwrap();

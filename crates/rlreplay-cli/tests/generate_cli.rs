@@ -4,11 +4,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rlreplay_data::{read_shard, shard_path, ReadOptions};
-use rlreplay_model::{DType, Device, Qwen3, Qwen3Config, SeqPair};
+use rlreplay_model::{DType, Device, Model, ModelConfig, SeqPair};
 
 /// A one-layer random model with Qwen3's vocabulary size and tokenizer files.
-fn tiny_qwen3(dir: &Path) -> Qwen3 {
-    let cfg = Qwen3Config {
+fn tiny_qwen3(dir: &Path) -> Model {
+    let cfg = ModelConfig {
         vocab_size: 151_936,
         hidden_size: 32,
         intermediate_size: 64,
@@ -16,9 +16,9 @@ fn tiny_qwen3(dir: &Path) -> Qwen3 {
         num_attention_heads: 2,
         num_key_value_heads: 1,
         head_dim: 16,
-        ..Qwen3Config::tiny()
+        ..ModelConfig::tiny()
     };
-    let model = Qwen3::new_random(cfg, 5, DType::F32, &Device::Cpu).unwrap();
+    let model = Model::new_random(cfg, 5, DType::F32, &Device::Cpu).unwrap();
     model.save_hf(dir).unwrap();
     let tok = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/qwen3");
     for f in ["tokenizer.json", "tokenizer_config.json"] {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use rlreplay_model::{DType, Device, Qwen3};
+use rlreplay_model::{DType, Device, Model};
 
 use crate::dataset::PromptItem;
 use crate::scoring::{Answer, Scorer};
@@ -24,7 +24,7 @@ impl Policy {
     /// Loads a Hugging Face model directory; the tokenizer files (`tokenizer.json`,
     /// `tokenizer_config.json`) come from `tokenizer_dir`, or from the model directory.
     pub fn load(model_dir: &Path, tokenizer_dir: Option<&Path>, dtype: DType) -> Result<Self> {
-        let model = Qwen3::load(model_dir, dtype, &Device::Cpu)
+        let model = Model::load(model_dir, dtype, &Device::Cpu)
             .with_context(|| format!("loading the model in {}", model_dir.display()))?;
         let decoder = Decoder::new(&model)?;
         let chat = ChatTokenizer::from_dir(tokenizer_dir.unwrap_or(model_dir))?;

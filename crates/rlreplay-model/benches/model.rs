@@ -12,7 +12,7 @@
 //!   off, then the time and the peak resident memory of the process (run each in its own process).
 
 use candle_core::{DType, Device, Tensor};
-use rlreplay_model::{ops, Qwen3, Qwen3Config, SeqPair};
+use rlreplay_model::{ops, Model, ModelConfig, SeqPair};
 use std::time::Instant;
 
 #[global_allocator]
@@ -22,15 +22,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const BATCH: usize = 4;
 const SEQ_LEN: usize = 256;
 
-fn small_config() -> Qwen3Config {
-    Qwen3Config {
+fn small_config() -> ModelConfig {
+    ModelConfig {
         vocab_size: 151_936,
         hidden_size: 256,
         intermediate_size: 768,
         num_attention_heads: 4,
         num_key_value_heads: 2,
         head_dim: 128,
-        ..Qwen3Config::tiny()
+        ..ModelConfig::tiny()
     }
 }
 
@@ -64,9 +64,9 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
-fn bench_model(name: &str, cfg: Qwen3Config, iters: usize) -> anyhow::Result<()> {
+fn bench_model(name: &str, cfg: ModelConfig, iters: usize) -> anyhow::Result<()> {
     let vocab = cfg.vocab_size;
-    let mut model = Qwen3::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
+    let mut model = Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
     let ids: Vec<Vec<u32>> = (0..BATCH)
         .map(|b| token_ids(SEQ_LEN, vocab, b as u64))
         .collect();
@@ -126,7 +126,7 @@ fn logprobs_rss() -> anyhow::Result<()> {
 }
 
 fn recompute_rss(on: bool) -> anyhow::Result<()> {
-    let cfg = Qwen3Config {
+    let cfg = ModelConfig {
         vocab_size: 8192,
         hidden_size: 256,
         intermediate_size: 768,
@@ -134,10 +134,10 @@ fn recompute_rss(on: bool) -> anyhow::Result<()> {
         num_attention_heads: 4,
         num_key_value_heads: 2,
         head_dim: 64,
-        ..Qwen3Config::tiny()
+        ..ModelConfig::tiny()
     };
     let (vocab, n) = (cfg.vocab_size, 4096);
-    let mut model = Qwen3::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
+    let mut model = Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
     model.set_activation_recompute(on);
     let ids = token_ids(n, vocab, 3);
     let pairs = [SeqPair::new(&ids[..1], &ids[1..])];
@@ -171,7 +171,7 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or(default))
     };
     match mode {
-        "tiny" => bench_model("tiny", Qwen3Config::tiny(), iters(5)?),
+        "tiny" => bench_model("tiny", ModelConfig::tiny(), iters(5)?),
         "small" => bench_model("small", small_config(), iters(2)?),
         "logprobs-rss" => logprobs_rss(),
         "recompute-rss" => match args.get(1).map(String::as_str) {

@@ -9,8 +9,8 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
-use crate::model::{master_dtype, param_shapes};
-use crate::{Error, Qwen3, Qwen3Config, Result};
+use crate::model::master_dtype;
+use crate::{Error, Model, ModelConfig, Result};
 
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -26,7 +26,7 @@ pub const TOKENIZER_FILES: [&str; 8] = [
     "generation_config.json",
 ];
 
-/// How [`Qwen3::save_hf_with`] writes a checkpoint.
+/// How [`Model::save_hf_with`] writes a checkpoint.
 #[derive(Debug, Clone)]
 pub struct SaveOptions {
     /// Storage dtype of the tensors; `None` keeps the master dtype (bit-exact round trip).
@@ -119,44 +119,25 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files.into_iter().map(|f| root.join(f)).collect())
 }
 
-impl Qwen3 {
-    /// Loads a Hugging Face Qwen3 checkpoint directory (`config.json` plus `model.safetensors` or
-    /// shards with `model.safetensors.index.json`), memory-mapped. Stored bf16/f16/f32/f64 tensors
-    /// are converted to the master dtype; `dtype` is the compute dtype. A missing, extra or
-    /// mis-shaped tensor is an error naming it.
+impl Model {
+    /// Loads a Hugging Face checkpoint directory (`config.json` plus `model.safetensors` or shards
+    /// with `model.safetensors.index.json`) of any supported architecture, memory-mapped. Stored
+    /// bf16/f16/f32/f64 tensors are converted to the master dtype; `dtype` is the compute dtype. A
+    /// missing, extra or mis-shaped tensor is an error naming it.
     pub fn load(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
         let dir = dir.as_ref();
-        let cfg = Qwen3Config::from_hf_json(dir.join("config.json"))?;
+        let cfg = ModelConfig::from_hf_json(dir.join("config.json"))?;
         let files = weight_files(dir)?;
         // SAFETY: the files are mapped read-only; like every mmap-based loader we rely on them not
         // being truncated while the model loads.
         let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
             Error::Checkpoint(format!("{}: cannot read safetensors: {e}", dir.display()))
         })?;
-        let expected = param_shapes(&cfg);
-        let known: HashMap<&str, &[usize]> = expected
-            .iter()
-            .map(|(n, s)| (n.as_str(), s.as_slice()))
-            .collect();
         let mut found: HashMap<String, Vec<usize>> = HashMap::new();
         for (name, view) in st.tensors() {
             found.insert(name, view.shape().to_vec());
         }
-        let mut extra: Vec<&String> = found
-            .keys()
-            .filter(|n| !known.contains_key(n.as_str()))
-            // A tied checkpoint may still carry its lm_head copy; it is ignored.
-            .filter(|n| !(cfg.tie_word_embeddings && n.as_str() == "lm_head.weight"))
-            .collect();
-        extra.sort();
-        if let Some(name) = extra.first() {
-            return Err(Error::Checkpoint(format!(
-                "{}: unexpected tensor {name} ({} unexpected in all)",
-                dir.display(),
-                extra.len()
-            )));
-        }
-        for (name, shape) in &expected {
+        let mut source = |name: &str, shape: &[usize], _: usize| -> Result<Tensor> {
             match found.get(name) {
                 None => {
                     return Err(Error::Checkpoint(format!(
@@ -172,10 +153,6 @@ impl Qwen3 {
                 }
                 Some(_) => {}
             }
-        }
-        let master = master_dtype(dtype);
-        let mut tensors = Vec::with_capacity(expected.len());
-        for (name, _) in &expected {
             let view = st.get(name)?;
             match view.dtype() {
                 safetensors::Dtype::BF16
@@ -189,9 +166,37 @@ impl Qwen3 {
                     )))
                 }
             }
-            tensors.push(st.load(name, device)?.to_dtype(master)?);
+            Ok(st.load(name, device)?.to_dtype(master_dtype(dtype))?)
+        };
+        // Unexpected tensors first: a checkpoint of another shape names what it has too many of.
+        let expected = Self::tensor_names(&cfg);
+        let mut extra: Vec<&String> = found
+            .keys()
+            .filter(|n| !expected.contains(n.as_str()))
+            // A tied checkpoint may still carry its lm_head copy; it is ignored.
+            .filter(|n| !(cfg.tie_word_embeddings && n.as_str() == "lm_head.weight"))
+            .collect();
+        extra.sort();
+        if let Some(name) = extra.first() {
+            return Err(Error::Checkpoint(format!(
+                "{}: unexpected tensor {name} ({} unexpected in all)",
+                dir.display(),
+                extra.len()
+            )));
         }
-        Self::from_tensors(cfg, tensors, dtype, Some(dir.to_path_buf()))
+        Self::build(cfg, &mut source, dtype, device, Some(dir.to_path_buf()))
+    }
+
+    /// The tensor names of a checkpoint of `cfg`.
+    fn tensor_names(cfg: &ModelConfig) -> std::collections::HashSet<String> {
+        // Builds nothing: the source records each name and hands back an empty tensor.
+        let mut names = std::collections::HashSet::new();
+        let mut source = |name: &str, _: &[usize], _: usize| -> Result<Tensor> {
+            names.insert(name.to_string());
+            Ok(Tensor::zeros(0, DType::F32, &Device::Cpu)?)
+        };
+        let _ = Self::build(cfg.clone(), &mut source, DType::F32, &Device::Cpu, None);
+        names
     }
 
     /// Saves the model in the Hugging Face layout with the default [`SaveOptions`] (master dtype,

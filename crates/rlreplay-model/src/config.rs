@@ -1,4 +1,5 @@
-//! The Qwen3 model configuration, read from and written to a Hugging Face `config.json`.
+//! The model configuration, read from and written to a Hugging Face `config.json`: the sizes every
+//! architecture of the Qwen family shares, and which [`Architecture`] the checkpoint is.
 
 use std::path::Path;
 
@@ -17,9 +18,84 @@ const MAX_POSITIONS: usize = 1 << 24;
 /// One trillion parameters.
 const MAX_PARAMS: u128 = 1_000_000_000_000;
 
-/// The hyper-parameters of a Qwen3 causal language model (`Qwen3ForCausalLM`).
+/// The architectures the model crate implements, by their Hugging Face `model_type`. Each has a
+/// module ([`crate::qwen3`], [`crate::qwen2`]) that reads its `config.json` specifics and builds its
+/// decoder layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Architecture {
+    /// `Qwen3ForCausalLM`: RMSNorm on every query and key head, no projection biases.
+    #[default]
+    Qwen3,
+    /// `Qwen2ForCausalLM` (Qwen2, Qwen2.5, Qwen2.5-Math): biases on the q/k/v projections, no
+    /// query/key norm.
+    Qwen2,
+}
+
+impl Architecture {
+    /// Every architecture, in declaration order.
+    pub const ALL: [Architecture; 2] = [Architecture::Qwen3, Architecture::Qwen2];
+
+    /// The Hugging Face `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen2 => "qwen2",
+        }
+    }
+
+    /// The Hugging Face model class written to `architectures`.
+    pub fn class_name(self) -> &'static str {
+        match self {
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+
+    /// The architecture of a `model_type`, if supported.
+    pub fn from_model_type(model_type: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.model_type() == model_type)
+    }
+
+    /// Refuses the `config.json` keys this architecture's module does not implement.
+    fn check_hf(self, obj: &Map<String, Value>) -> Result<()> {
+        match self {
+            Architecture::Qwen3 => crate::qwen3::check_hf_config(obj),
+            Architecture::Qwen2 => crate::qwen2::check_hf_config(obj),
+        }
+    }
+
+    /// `tie_word_embeddings` when `config.json` leaves it out.
+    fn default_tie_word_embeddings(self) -> bool {
+        match self {
+            Architecture::Qwen3 => crate::qwen3::DEFAULT_TIED,
+            Architecture::Qwen2 => crate::qwen2::DEFAULT_TIED,
+        }
+    }
+
+    /// What the architecture's decoder layer holds besides the common weights.
+    pub(crate) fn layer(self) -> crate::layer::LayerKind {
+        match self {
+            Architecture::Qwen3 => crate::qwen3::LAYER,
+            Architecture::Qwen2 => crate::qwen2::LAYER,
+        }
+    }
+
+    /// Whether the q/k/v projections carry biases.
+    pub fn qkv_bias(self) -> bool {
+        self.layer().qkv_bias
+    }
+
+    /// Whether every query and key head is RMS-normalised before the rotary embedding.
+    pub fn qk_norm(self) -> bool {
+        self.layer().qk_norm
+    }
+}
+
+/// The hyper-parameters of a causal language model of the Qwen family.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Qwen3Config {
+pub struct ModelConfig {
+    /// Which architecture (Hugging Face `model_type`).
+    pub architecture: Architecture,
     /// Vocabulary size (rows of the embedding and of the lm_head).
     pub vocab_size: usize,
     /// Width of the residual stream.
@@ -48,11 +124,12 @@ pub struct Qwen3Config {
     pub extra: Map<String, Value>,
 }
 
-impl Qwen3Config {
+impl ModelConfig {
     /// A tiny configuration for tests and demos: vocab 512, hidden 128, 2 layers, 4 query and 2
     /// key/value heads of width 32, MLP 384, tied embeddings.
     pub fn tiny() -> Self {
         Self {
+            architecture: Architecture::Qwen3,
             vocab_size: 512,
             hidden_size: 128,
             intermediate_size: 384,
@@ -69,7 +146,15 @@ impl Qwen3Config {
         }
     }
 
-    /// Reads and validates a Hugging Face `config.json` of a `Qwen3ForCausalLM`.
+    /// [`ModelConfig::tiny`] of another architecture.
+    pub fn tiny_of(architecture: Architecture) -> Self {
+        Self {
+            architecture,
+            ..Self::tiny()
+        }
+    }
+
+    /// Reads and validates a Hugging Face `config.json` of a supported architecture.
     pub fn from_hf_json(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path)
@@ -84,25 +169,34 @@ impl Qwen3Config {
         let Value::Object(mut obj) = value else {
             return Err(Error::Config("config.json is not a JSON object".into()));
         };
-        let model_type = obj.get("model_type").and_then(Value::as_str);
-        if model_type != Some("qwen3") {
+        let Some(architecture) = obj
+            .get("model_type")
+            .and_then(Value::as_str)
+            .and_then(Architecture::from_model_type)
+        else {
+            let supported: Vec<String> = Architecture::ALL
+                .iter()
+                .map(|a| format!("{:?}", a.model_type()))
+                .collect();
             return Err(Error::Config(format!(
-                "model_type is {}, only \"qwen3\" is supported",
+                "model_type is {}, supported: {}",
                 obj.get("model_type")
-                    .map_or("missing".to_string(), Value::to_string)
+                    .map_or("missing".to_string(), Value::to_string),
+                supported.join(", ")
             )));
-        }
+        };
         if let Some(archs) = obj.get("architectures") {
+            let class = architecture.class_name();
             let ok = archs
                 .as_array()
-                .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("Qwen3ForCausalLM")));
+                .is_some_and(|a| a.iter().any(|v| v.as_str() == Some(class)));
             if !ok {
                 return Err(Error::Config(format!(
-                    "architectures is {archs}, expected [\"Qwen3ForCausalLM\"]"
+                    "architectures is {archs}, expected [\"{class}\"]"
                 )));
             }
         }
-        refuse_if(&obj, "attention_bias", |v| v.as_bool() == Some(true))?;
+        architecture.check_hf(&obj)?;
         refuse_if(&obj, "use_sliding_window", |v| v.as_bool() == Some(true))?;
         refuse_if(&obj, "hidden_act", |v| v.as_str() != Some("silu"))?;
         refuse_if(&obj, "rope_scaling", |v| {
@@ -145,7 +239,7 @@ impl Qwen3Config {
             };
         obj.remove("rope_parameters");
         let tie_word_embeddings = match obj.remove("tie_word_embeddings") {
-            None | Some(Value::Null) => true,
+            None | Some(Value::Null) => architecture.default_tie_word_embeddings(),
             Some(Value::Bool(b)) => b,
             Some(v) => {
                 return Err(Error::Config(format!(
@@ -163,6 +257,7 @@ impl Qwen3Config {
             }
         };
         let cfg = Self {
+            architecture,
             vocab_size: take_usize(&mut obj, "vocab_size")?,
             hidden_size,
             intermediate_size: take_usize(&mut obj, "intermediate_size")?,
@@ -259,7 +354,17 @@ impl Qwen3Config {
         let d = self.head_dim as u128;
         let q = self.num_attention_heads as u128 * d;
         let kv = self.num_key_value_heads as u128 * d;
-        let layer = 2 * h + 2 * d + h * q + 2 * h * kv + q * h + 3 * h * i;
+        let qk_norm = if self.architecture.qk_norm() {
+            2 * d
+        } else {
+            0
+        };
+        let qkv_bias = if self.architecture.qkv_bias() {
+            q + 2 * kv
+        } else {
+            0
+        };
+        let layer = 2 * h + qk_norm + qkv_bias + h * q + 2 * h * kv + q * h + 3 * h * i;
         let lm_head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + self.num_hidden_layers as u128 * layer + h + lm_head
     }
@@ -270,8 +375,11 @@ impl Qwen3Config {
         let mut set = |k: &str, v: Value| {
             obj.insert(k.to_string(), v);
         };
-        set("architectures", serde_json::json!(["Qwen3ForCausalLM"]));
-        set("model_type", "qwen3".into());
+        set(
+            "architectures",
+            serde_json::json!([self.architecture.class_name()]),
+        );
+        set("model_type", self.architecture.model_type().into());
         set("vocab_size", self.vocab_size.into());
         set("hidden_size", self.hidden_size.into());
         set("intermediate_size", self.intermediate_size.into());
@@ -291,7 +399,9 @@ impl Qwen3Config {
             self.max_position_embeddings.into(),
         );
         set("hidden_act", "silu".into());
-        set("attention_bias", false.into());
+        if self.architecture == Architecture::Qwen3 {
+            set("attention_bias", false.into());
+        }
         if let Some(d) = &self.torch_dtype {
             set("torch_dtype", d.clone().into());
         }
@@ -300,7 +410,11 @@ impl Qwen3Config {
 }
 
 /// Errors when `key` is present and `bad` holds for its value.
-fn refuse_if(obj: &Map<String, Value>, key: &str, bad: impl Fn(&Value) -> bool) -> Result<()> {
+pub(crate) fn refuse_if(
+    obj: &Map<String, Value>,
+    key: &str,
+    bad: impl Fn(&Value) -> bool,
+) -> Result<()> {
     match obj.get(key) {
         Some(v) if bad(v) => Err(Error::Config(format!("{key} = {v} is not supported"))),
         _ => Ok(()),
@@ -342,8 +456,8 @@ mod tests {
         })
     }
 
-    fn parse(v: &Value) -> Result<Qwen3Config> {
-        Qwen3Config::from_hf_str(&v.to_string())
+    fn parse(v: &Value) -> Result<ModelConfig> {
+        ModelConfig::from_hf_str(&v.to_string())
     }
 
     #[test]
@@ -403,8 +517,48 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("vocab_size is missing"));
-        assert!(Qwen3Config::from_hf_str("[1]").is_err());
-        assert!(Qwen3Config::from_hf_str("{").is_err());
+        assert!(ModelConfig::from_hf_str("[1]").is_err());
+        assert!(ModelConfig::from_hf_str("{").is_err());
+    }
+
+    #[test]
+    fn parses_qwen2_and_round_trips() {
+        let mut v = hf_json();
+        let o = v.as_object_mut().unwrap();
+        o.insert(
+            "architectures".into(),
+            serde_json::json!(["Qwen2ForCausalLM"]),
+        );
+        o.insert("model_type".into(), "qwen2".into());
+        o.remove("attention_bias");
+        o.remove("head_dim");
+        o.remove("tie_word_embeddings");
+        let cfg = parse(&v).unwrap();
+        assert_eq!(cfg.architecture, Architecture::Qwen2);
+        assert_eq!(cfg.head_dim, 80);
+        assert!(!cfg.tie_word_embeddings, "Qwen2's default is untied");
+        assert_eq!(parse(&cfg.to_hf_json()).unwrap(), cfg);
+        // A Qwen2 config names its own class; a head_dim other than hidden / heads is refused.
+        o_set(
+            &mut v,
+            "architectures",
+            serde_json::json!(["Qwen3ForCausalLM"]),
+        );
+        assert!(parse(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("Qwen2ForCausalLM"));
+        o_set(
+            &mut v,
+            "architectures",
+            serde_json::json!(["Qwen2ForCausalLM"]),
+        );
+        o_set(&mut v, "head_dim", 64.into());
+        assert!(parse(&v).unwrap_err().to_string().contains("head_dim"));
+    }
+
+    fn o_set(v: &mut Value, key: &str, value: Value) {
+        v.as_object_mut().unwrap().insert(key.into(), value);
     }
 
     #[test]
@@ -412,8 +566,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("config.json");
         std::fs::write(&p, "{\"model_type\": \"gpt2\"}").unwrap();
-        let err = Qwen3Config::from_hf_json(&p).unwrap_err().to_string();
+        let err = ModelConfig::from_hf_json(&p).unwrap_err().to_string();
         assert!(err.contains("config.json") && err.contains("gpt2"), "{err}");
-        assert!(Qwen3Config::tiny().validate().is_ok());
+        assert!(ModelConfig::tiny().validate().is_ok());
     }
 }

@@ -1,53 +1,35 @@
 //! Inference-only decoding with a per-sequence KV cache, for sampling.
 //!
-//! [`Decoder`] snapshots a [`Qwen3`]'s weights in the compute dtype and runs the same network as
-//! the training path without an autograd graph. Sequences are ragged: every call takes any number
-//! of new tokens per sequence (a whole prompt to prefill, or one sampled token), packs them into
-//! one set of matrix products (one `[T, H] · Wᵀ` per projection and layer for all sequences), and
-//! attends per sequence against that sequence's own cache. It returns the logits of the last new
-//! token of each sequence.
+//! [`Decoder`] snapshots a [`Model`]'s weights in the compute dtype. Sequences are ragged: every
+//! call takes any number of new tokens per sequence (a whole prompt to prefill, or one sampled
+//! token), packs them into one set of matrix products (one `[T, H] · Wᵀ` per projection and layer
+//! for all sequences), and attends per sequence against that sequence's own cache. It returns the
+//! logits of the last new token of each sequence.
 //!
-//! On the CPU in f32 (the usual sampling setup) the whole step runs on host buffers: fused
-//! projections (q/k/v in one product, gate/up in one), the kernels of [`crate::ops`]' decode
-//! module, and one attention kernel per layer for all sequences over caches kept as growable
-//! per-layer buffers. Other devices and dtypes run candle ops (fused RMSNorm, RoPE and softmax).
+//! Other devices and dtypes run the model's own layer definition ([`DecoderLayer::forward`]) with
+//! attention over the caches. On the CPU in f32 (the usual sampling setup) the whole step runs on
+//! host buffers made from the same weights and rotary tables: fused projections (q/k/v in one
+//! product, gate/up in one), the kernels of [`crate::ops`]' decode module, and one attention kernel
+//! per layer for all sequences over caches kept as growable per-layer buffers. Tests hold both to
+//! the training forward pass, for every architecture.
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::layer::{DecoderLayer, LayerCtx, Rotary};
 use crate::ops::decode::{self, AttnDims, CachedSeq};
-use crate::{Error, Qwen3, Qwen3Config, Result};
-
-/// Weights of one decoder layer, in the compute dtype (candle path).
-struct LayerWeights {
-    in_norm: Tensor,
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    o_proj: Tensor,
-    q_norm: Tensor,
-    k_norm: Tensor,
-    post_norm: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
-}
-
-/// The model's weights as candle tensors.
-struct TensorWeights {
-    embed: Tensor,
-    layers: Vec<LayerWeights>,
-    norm: Tensor,
-    lm_head: Tensor,
-}
+use crate::{Error, Model, ModelConfig, Result};
 
 /// Weights of one decoder layer as f32 host buffers; matrices transposed to `[in, out]`.
 struct HostLayer {
     in_norm: Vec<f32>,
     /// q, k and v projections side by side: `[H, (Hq + 2·Hkv)·D]`.
     qkv: Vec<f32>,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+    /// The q, k and v biases side by side, when the layer has them.
+    qkv_bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
     o_proj: Vec<f32>,
+    o_bias: Option<Vec<f32>>,
     post_norm: Vec<f32>,
     /// Gate and up projections side by side: `[H, 2·I]`.
     gate_up: Vec<f32>,
@@ -64,6 +46,14 @@ struct HostWeights {
     lm_head: Vec<f32>,
 }
 
+/// The model's weights as candle tensors in the compute dtype.
+struct TensorWeights {
+    embed: Tensor,
+    layers: Vec<DecoderLayer<Tensor>>,
+    norm: Tensor,
+    lm_head: Tensor,
+}
+
 /// Where the forward pass runs.
 enum Weights {
     Host(HostWeights),
@@ -72,11 +62,11 @@ enum Weights {
 
 /// A snapshot of a model's weights prepared for incremental decoding.
 pub struct Decoder {
-    cfg: Qwen3Config,
+    cfg: ModelConfig,
     dtype: DType,
     device: Device,
     weights: Weights,
-    inv_freq: Vec<f64>,
+    rotary: Rotary,
 }
 
 /// Per-layer cache buffers.
@@ -216,7 +206,7 @@ fn host_vec(t: &Tensor) -> Result<Vec<f32>> {
 
 impl Decoder {
     /// Snapshots the current weights of `model` (later training steps do not affect it).
-    pub fn new(model: &Qwen3) -> Result<Self> {
+    pub fn new(model: &Model) -> Result<Self> {
         Self::build(
             model,
             model.device().is_cpu() && model.compute_dtype() == DType::F32,
@@ -224,45 +214,24 @@ impl Decoder {
     }
 
     /// [`Decoder::new`] on host buffers (`host`, CPU f32 only) or with candle ops.
-    fn build(model: &Qwen3, host: bool) -> Result<Self> {
+    fn build(model: &Model, host: bool) -> Result<Self> {
         let cfg = model.config().clone();
         let dtype = model.compute_dtype();
-        let params = model.params();
-        let get = |name: &str| -> Result<Tensor> {
-            let p = params
-                .iter()
-                .find(|p| p.name == name)
-                .ok_or_else(|| Error::Checkpoint(format!("the model has no parameter {name}")))?;
-            Ok(p.var.as_detached_tensor().to_dtype(dtype)?)
-        };
+        // A copy, so that optimizer steps (which write the master weights in place) leave it be.
+        let snapshot = |t: Tensor| -> Result<Tensor> { Ok(t.copy()?) };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|l| {
-                let w = |s: &str| get(&format!("model.layers.{l}.{s}"));
-                Ok(LayerWeights {
-                    in_norm: w("input_layernorm.weight")?,
-                    q_proj: w("self_attn.q_proj.weight")?,
-                    k_proj: w("self_attn.k_proj.weight")?,
-                    v_proj: w("self_attn.v_proj.weight")?,
-                    o_proj: w("self_attn.o_proj.weight")?,
-                    q_norm: w("self_attn.q_norm.weight")?,
-                    k_norm: w("self_attn.k_norm.weight")?,
-                    post_norm: w("post_attention_layernorm.weight")?,
-                    gate: w("mlp.gate_proj.weight")?,
-                    up: w("mlp.up_proj.weight")?,
-                    down: w("mlp.down_proj.weight")?,
-                })
-            })
+            .map(|l| model.layer_weights(l, false)?.map(|t| snapshot(t.clone())))
             .collect::<Result<Vec<_>>>()?;
-        let embed = get("model.embed_tokens.weight")?;
+        let embed = snapshot(model.embed_weight()?)?;
         let lm_head = if cfg.tie_word_embeddings {
             embed.clone()
         } else {
-            get("lm_head.weight")?
+            snapshot(model.lm_head(false)?)?
         };
         let tensors = TensorWeights {
             embed,
             layers,
-            norm: get("model.norm.weight")?,
+            norm: snapshot(model.norm_weight()?)?,
             lm_head,
         };
         let weights = if host {
@@ -270,21 +239,17 @@ impl Decoder {
         } else {
             Weights::Tensors(tensors)
         };
-        let d = cfg.head_dim;
-        let inv_freq = (0..d / 2)
-            .map(|i| 1.0 / cfg.rope_theta.powf((2 * i) as f64 / d as f64))
-            .collect();
         Ok(Self {
             device: model.device().clone(),
+            rotary: model.rotary().clone(),
             cfg,
             dtype,
             weights,
-            inv_freq,
         })
     }
 
     /// Copies the weights into host buffers, transposed, with q/k/v and gate/up stacked.
-    fn host_weights(cfg: &Qwen3Config, w: &TensorWeights) -> Result<HostWeights> {
+    fn host_weights(cfg: &ModelConfig, w: &TensorWeights) -> Result<HostWeights> {
         let h = cfg.hidden_size;
         let stack_t = |ts: &[&Tensor]| -> Result<Vec<f32>> {
             let mut out = Vec::new();
@@ -294,20 +259,39 @@ impl Decoder {
             let rows = out.len() / h;
             Ok(decode::transpose(&out, rows, h))
         };
+        let opt = |t: Option<&Tensor>| t.map(host_vec).transpose();
         let layers = w
             .layers
             .iter()
             .map(|l| {
+                let a = &l.self_attn;
+                let qkv_bias = match (&a.q_proj.bias, &a.k_proj.bias, &a.v_proj.bias) {
+                    (Some(q), Some(k), Some(v)) => {
+                        Some([host_vec(q)?, host_vec(k)?, host_vec(v)?].concat())
+                    }
+                    (None, None, None) => None,
+                    _ => {
+                        return Err(Error::Config(
+                            "the host decoder needs biases on all or none of q/k/v".into(),
+                        ))
+                    }
+                };
                 Ok(HostLayer {
-                    in_norm: host_vec(&l.in_norm)?,
-                    qkv: stack_t(&[&l.q_proj, &l.k_proj, &l.v_proj])?,
-                    q_norm: host_vec(&l.q_norm)?,
-                    k_norm: host_vec(&l.k_norm)?,
-                    o_proj: stack_t(&[&l.o_proj])?,
-                    post_norm: host_vec(&l.post_norm)?,
-                    gate_up: stack_t(&[&l.gate, &l.up])?,
+                    in_norm: host_vec(&l.input_layernorm)?,
+                    qkv: stack_t(&[&a.q_proj.weight, &a.k_proj.weight, &a.v_proj.weight])?,
+                    qkv_bias,
+                    q_norm: opt(a.q_norm.as_ref())?,
+                    k_norm: opt(a.k_norm.as_ref())?,
+                    // [H, Hq·D]: its input width is not H when Hq·D differs (Qwen3-4B).
+                    o_proj: {
+                        let o = host_vec(&a.o_proj.weight)?;
+                        decode::transpose(&o, h, cfg.num_attention_heads * cfg.head_dim)
+                    },
+                    o_bias: opt(a.o_proj.bias.as_ref())?,
+                    post_norm: host_vec(&l.post_attention_layernorm)?,
+                    gate_up: stack_t(&[&l.mlp.gate_proj, &l.mlp.up_proj])?,
                     down: {
-                        let down = host_vec(&l.down)?;
+                        let down = host_vec(&l.mlp.down_proj)?;
                         decode::transpose(&down, h, cfg.intermediate_size)
                     },
                 })
@@ -326,7 +310,7 @@ impl Decoder {
     }
 
     /// The model configuration.
-    pub fn config(&self) -> &Qwen3Config {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
@@ -344,22 +328,6 @@ impl Decoder {
             Weights::Tensors(_) => Layers::Tensors(vec![None; self.cfg.num_hidden_layers]),
         };
         KvCache { layers, len: 0 }
-    }
-
-    /// RoPE tables `[T, D/2]` (cos, sin) for the given positions, computed in f64 as in the
-    /// training path.
-    fn rope_angles(&self, positions: &[usize]) -> (Vec<f64>, Vec<f64>) {
-        let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for &f in &self.inv_freq {
-                let (s, c) = (p as f64 * f).sin_cos();
-                cos.push(c);
-                sin.push(s);
-            }
-        }
-        (cos, sin)
     }
 
     /// Checks the inputs of a forward call and packs the new tokens.
@@ -486,7 +454,7 @@ impl Decoder {
                 }
             }
         }
-        let (cos, sin) = self.rope_angles(positions);
+        let (cos, sin) = self.rotary.angles(positions.iter().copied());
         let cos: Vec<f32> = cos.into_iter().map(|v| v as f32).collect();
         let sin: Vec<f32> = sin.into_iter().map(|v| v as f32).collect();
         let mut h = vec![0f32; t * hs];
@@ -497,8 +465,13 @@ impl Decoder {
         for (l, lw) in w.layers.iter().enumerate() {
             decode::rms_norm(&mut h, &x, &lw.in_norm, eps);
             decode::linear(&mut qkv, false, &h, t, &lw.qkv, width)?;
-            decode::norm_rope_heads(&mut qkv, width, 0, hq, &lw.q_norm, eps, &cos, &sin);
-            decode::norm_rope_heads(&mut qkv, width, k_at, hkv, &lw.k_norm, eps, &cos, &sin);
+            if let Some(bias) = &lw.qkv_bias {
+                decode::add_bias(&mut qkv, bias);
+            }
+            let q_norm = lw.q_norm.as_deref();
+            let k_norm = lw.k_norm.as_deref();
+            decode::norm_rope_heads(&mut qkv, width, 0, hq, d, q_norm, eps, &cos, &sin);
+            decode::norm_rope_heads(&mut qkv, width, k_at, hkv, d, k_norm, eps, &cos, &sin);
             for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
                 let Layers::Host(layers) = &mut cache.layers else {
                     return Err(Error::Input(
@@ -525,6 +498,9 @@ impl Decoder {
                 .collect::<Result<Vec<_>>>()?;
             decode::cached_attention(&mut att, &qkv, width, &seqs, dims)?;
             decode::linear(&mut x, true, &att, t, &lw.o_proj, hs)?;
+            if let Some(bias) = &lw.o_bias {
+                decode::add_bias(&mut x, bias);
+            }
             decode::rms_norm(&mut h, &x, &lw.post_norm, eps);
             decode::linear(&mut gu, false, &h, t, &lw.gate_up, 2 * inter)?;
             decode::swiglu(&mut m, &gu, inter);
@@ -544,7 +520,8 @@ impl Decoder {
         Ok(logits)
     }
 
-    /// The forward pass with candle ops (any device and dtype).
+    /// The forward pass with candle ops (any device and dtype): the model's own layer definition,
+    /// with attention over each sequence's cache.
     fn forward_tensors(
         &self,
         w: &TensorWeights,
@@ -564,78 +541,16 @@ impl Decoder {
                 &self.device,
             )?);
         }
-        let t = ids.len();
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let group = hq / hkv;
-        let eps = cfg.rms_norm_eps as f32;
-        let scale = 1.0 / (d as f64).sqrt();
-        let linear = |x: &Tensor, w: &Tensor| x.matmul(&w.t()?);
         let ids_t = Tensor::new(ids.as_slice(), &self.device)?;
         let mut x = w.embed.index_select(&ids_t, 0)?;
-        let (cos, sin) = self.rope_angles(positions);
-        let shape = (t, self.inv_freq.len());
-        let cos = Tensor::from_vec(cos, shape, &self.device)?.to_dtype(self.dtype)?;
-        let sin = Tensor::from_vec(sin, shape, &self.device)?.to_dtype(self.dtype)?;
-        for (l, w) in w.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &w.in_norm, eps)?;
-            let q = linear(&h, &w.q_proj)?.reshape((t, hq, d))?;
-            let k = linear(&h, &w.k_proj)?.reshape((t, hkv, d))?;
-            let v = linear(&h, &w.v_proj)?.reshape((t, hkv, d))?;
-            let q = candle_nn::ops::rms_norm(&q, &w.q_norm, eps)?;
-            let k = candle_nn::ops::rms_norm(&k, &w.k_norm, eps)?;
-            let q = candle_nn::rotary_emb::rope_thd(&q.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            let k = candle_nn::rotary_emb::rope_thd(&k.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            let mut outs = Vec::with_capacity(caches.len());
-            for (s, cache) in caches.iter_mut().enumerate() {
-                let (start, n) = (offsets[s], offsets[s + 1] - offsets[s]);
-                // [n, H, D] -> [H, n, D]
-                let ks = k.narrow(0, start, n)?.transpose(0, 1)?.contiguous()?;
-                let vs = v.narrow(0, start, n)?.transpose(0, 1)?.contiguous()?;
-                let (kc, vc) = cache.append(l, &ks, &vs)?;
-                let total = kc.dim(1)?;
-                // Query heads of one KV head are adjacent: [n, Hq, D] -> [Hkv, group * n, D].
-                let qs = q
-                    .narrow(0, start, n)?
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .reshape((hkv, group * n, d))?;
-                let mut scores = (qs.matmul(&kc.t()?)? * scale)?;
-                if n > 1 {
-                    let past = total - n;
-                    let mask: Vec<f32> = (0..group * n)
-                        .flat_map(|r| {
-                            let i = r % n;
-                            (0..total).map(move |j| {
-                                if j <= past + i {
-                                    0.0
-                                } else {
-                                    f32::NEG_INFINITY
-                                }
-                            })
-                        })
-                        .collect();
-                    let mask = Tensor::from_vec(mask, (group * n, total), &self.device)?
-                        .to_dtype(scores.dtype())?;
-                    scores = scores.broadcast_add(&mask)?;
-                }
-                let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
-                    .to_dtype(self.dtype)?;
-                let o = probs
-                    .matmul(&vc)?
-                    .reshape((hq, n, d))?
-                    .transpose(0, 1)?
-                    .reshape((n, hq * d))?;
-                outs.push(o);
-            }
-            let a = Tensor::cat(&outs, 0)?;
-            x = (x + linear(&a, &w.o_proj)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &w.post_norm, eps)?;
-            let m = (candle_nn::ops::silu(&linear(&h, &w.gate)?)? * linear(&h, &w.up)?)?;
-            x = (x + linear(&m, &w.down)?)?;
+        let tables = self
+            .rotary
+            .tables(positions.iter().copied(), self.dtype, &self.device)?;
+        let ctx = LayerCtx::new(cfg, &tables);
+        for (l, layer) in w.layers.iter().enumerate() {
+            x = layer.forward(&x, &ctx, |q, k, v| {
+                self.cached_attention(l, caches, offsets, q, k, v)
+            })?;
         }
         for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
             cache.len += se[1] - se[0];
@@ -643,8 +558,69 @@ impl Decoder {
         let last: Vec<u32> = offsets[1..].iter().map(|&o| (o - 1) as u32).collect();
         let last = Tensor::new(last.as_slice(), &self.device)?;
         let h = x.index_select(&last, 0)?;
-        let h = candle_nn::ops::rms_norm(&h, &w.norm, eps)?;
-        Ok(linear(&h, &w.lm_head)?.to_dtype(DType::F32)?.contiguous()?)
+        let h = crate::ops::rms_norm(&h, &w.norm, cfg.rms_norm_eps)?;
+        Ok(h.matmul(&w.lm_head.t()?)?
+            .to_dtype(DType::F32)?
+            .contiguous()?)
+    }
+
+    /// Appends the new keys and values `k, v: [T, Hkv, D]` of layer `l` to every sequence's cache
+    /// and returns the causal attention of the new queries `q: [T, Hq, D]` over the caches.
+    fn cached_attention(
+        &self,
+        l: usize,
+        caches: &mut [&mut KvCache],
+        offsets: &[usize],
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Tensor> {
+        let (hq, hkv, d) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim,
+        );
+        let group = hq / hkv;
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(caches.len());
+        for (s, cache) in caches.iter_mut().enumerate() {
+            let (start, n) = (offsets[s], offsets[s + 1] - offsets[s]);
+            // [n, H, D] -> [H, n, D]
+            let ks = k.narrow(0, start, n)?.transpose(0, 1)?.contiguous()?;
+            let vs = v.narrow(0, start, n)?.transpose(0, 1)?.contiguous()?;
+            let (kc, vc) = cache.append(l, &ks, &vs)?;
+            let total = kc.dim(1)?;
+            // Query heads of one KV head are adjacent: [n, Hq, D] -> [Hkv, group * n, D].
+            let qs = q
+                .narrow(0, start, n)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((hkv, group * n, d))?;
+            let mut scores = (qs.matmul(&kc.t()?)? * scale)?;
+            if n > 1 {
+                let past = total - n;
+                let mask: Vec<f32> = (0..group * n)
+                    .flat_map(|r| {
+                        let i = r % n;
+                        (0..total).map(move |j| {
+                            if j <= past + i {
+                                0.0
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        })
+                    })
+                    .collect();
+                let mask = Tensor::from_vec(mask, (group * n, total), &self.device)?
+                    .to_dtype(scores.dtype())?;
+                scores = scores.broadcast_add(&mask)?;
+            }
+            // Inference only: candle's fused softmax (no backward) is fine here.
+            let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
+                .to_dtype(self.dtype)?;
+            outs.push(probs.matmul(&vc)?.reshape((hq, n, d))?.transpose(0, 1)?);
+        }
+        Ok(Tensor::cat(&outs, 0)?)
     }
 }
 
@@ -668,7 +644,7 @@ mod tests {
     }
 
     fn cached_decoding_matches_the_training_path_with(host: bool) {
-        let model = Qwen3::new_random(Qwen3Config::tiny(), 3, DType::F32, &Device::Cpu).unwrap();
+        let model = Model::new_random(ModelConfig::tiny(), 3, DType::F32, &Device::Cpu).unwrap();
         let dec = Decoder::build(&model, host).unwrap();
         let prompts: [&[u32]; 2] = [&[1, 2, 3, 4, 5], &[9, 8]];
         let responses: [&[u32]; 2] = [&[7, 100, 42], &[300, 11, 12, 13]];
@@ -717,7 +693,7 @@ mod tests {
 
     #[test]
     fn cache_growth_and_forks_keep_the_logprobs() {
-        let model = Qwen3::new_random(Qwen3Config::tiny(), 4, DType::F32, &Device::Cpu).unwrap();
+        let model = Model::new_random(ModelConfig::tiny(), 4, DType::F32, &Device::Cpu).unwrap();
         let dec = Decoder::new(&model).unwrap();
         let prompt: Vec<u32> = (0..50).map(|i| (i * 7 % 500) as u32).collect();
         let response: Vec<u32> = (0..100).map(|i| (i * 13 % 500) as u32).collect();
@@ -749,7 +725,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error() {
-        let model = Qwen3::new_random(Qwen3Config::tiny(), 3, DType::F32, &Device::Cpu).unwrap();
+        let model = Model::new_random(ModelConfig::tiny(), 3, DType::F32, &Device::Cpu).unwrap();
         let dec = Decoder::new(&model).unwrap();
         let mut c = dec.new_cache();
         assert!(dec.forward(&mut [&mut c], &[&[]]).is_err());

@@ -1,30 +1,40 @@
-//! The Qwen3 causal language model on candle: packed per-token log-probs, backward, AdamW and
-//! Hugging Face checkpoints.
+//! Causal language models of the Qwen family on candle: packed per-token log-probs, backward, AdamW
+//! and Hugging Face checkpoints.
 //!
-//! - [`Qwen3Config`]: the model configuration, read from a Hugging Face `config.json`.
-//! - [`Qwen3`]: the model with f32 (or f64) master weights; [`Qwen3::logprobs`] for per-token
-//!   log-probs of packed (prompt, response) pairs, [`Qwen3::forward_backward`] to accumulate the
-//!   gradients of a weighted sum of those log-probs; [`Qwen3::load`] / [`Qwen3::save_hf`] for
-//!   checkpoints in the Hugging Face layout; [`Qwen3::set_activation_recompute`] trades a second
-//!   forward pass of the layers for activation memory in the backward pass.
+//! - [`CausalLm`]: what training, sampling and checkpointing need of a model.
+//! - [`Model`]: a Qwen3 or Qwen2/Qwen2.5 model ([`Architecture`]) with f32 (or f64) master weights;
+//!   [`Model::logprobs`] for per-token log-probs of packed (prompt, response) pairs,
+//!   [`Model::forward_backward`] to accumulate the gradients of a weighted sum of those log-probs;
+//!   [`Model::load`] / [`Model::save_hf`] for checkpoints in the Hugging Face layout;
+//!   [`Model::set_activation_recompute`] trades a second forward pass of the layers for activation
+//!   memory in the backward pass.
+//! - [`layer`]: the decoder layer (named weights, one definition of its math); [`qwen3`] and
+//!   [`qwen2`]: what each architecture adds.
+//! - [`generate::Decoder`]: the KV-cache decoder sampling runs on.
+//! - [`ModelConfig`]: the configuration, read from a Hugging Face `config.json`.
 //! - [`mixed_logprobs`]: per-token log-probs under a weighted mixture of several models' logits.
 //! - [`AdamW`], [`LrSchedule`]: the optimizer (verl/torch semantics) and learning-rate schedules.
 #![warn(missing_docs)]
 
+mod causal_lm;
 mod checkpoint;
 mod config;
 pub mod generate;
+pub mod layer;
 mod mixed;
 mod model;
 pub mod ops;
 mod optim;
 mod pack;
+pub mod qwen2;
+pub mod qwen3;
 
 pub use candle_core::{DType, Device};
+pub use causal_lm::CausalLm;
 pub use checkpoint::{SaveOptions, TOKENIZER_FILES};
-pub use config::Qwen3Config;
+pub use config::{Architecture, ModelConfig};
 pub use mixed::mixed_logprobs;
-pub use model::{Param, Qwen3, TokenLogProbs};
+pub use model::{Model, Param, TokenLogProbs};
 pub use optim::{AdamW, AdamWConfig, LrSchedule, StepReport};
 pub use pack::{micro_batches, SeqPair};
 

@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor, D};
 
 use crate::pack::{Packed, SeqPair};
-use crate::{Error, Qwen3, Result};
+use crate::{Error, Model, Result};
 
 /// Logits elements per chunk of scored positions (32 MiB per model in f32).
 const CHUNK_ELEMS: usize = 1 << 23;
@@ -11,7 +11,7 @@ const CHUNK_ELEMS: usize = 1 << 23;
 /// Per-token log-probs of the response tokens of `pairs` under mixed logits: for each response
 /// token `y_t`, `log softmax((Σ_i w_i · z_i) / τ)[y_t]`, where `z_i` are the logits of model
 /// `parts[i].0` at that position and `w_i = parts[i].1`. One vector per pair, as in
-/// [`Qwen3::logprobs`].
+/// [`Model::logprobs`].
 ///
 /// Each model runs one packed forward pass without a graph up to its final hidden states; the
 /// logits are then formed, mixed and normalised for chunks of scored positions, so the full
@@ -19,7 +19,7 @@ const CHUNK_ELEMS: usize = 1 << 23;
 /// f64, else in f32. All models must share the vocabulary size; the result is on the first model's
 /// device.
 pub fn mixed_logprobs(
-    parts: &[(&Qwen3, f64)],
+    parts: &[(&Model, f64)],
     pairs: &[SeqPair<'_>],
     temperature: f64,
 ) -> Result<Vec<Vec<f64>>> {

@@ -7,7 +7,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Qwen3, Result};
+use crate::{CausalLm, Error, Result};
 
 /// Hyper-parameters of [`AdamW`] (defaults: verl's actor optimizer).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ struct StateMeta {
 
 impl AdamW {
     /// An optimizer for the parameters of `model`.
-    pub fn new(model: &Qwen3, cfg: AdamWConfig) -> Self {
+    pub fn new(model: &dyn CausalLm, cfg: AdamWConfig) -> Self {
         Self {
             cfg,
             state: vec![None; model.params().len()],
@@ -101,7 +101,7 @@ impl AdamW {
     /// computes the global gradient norm, skips the update when it is not finite, clips to
     /// `max_grad_norm` (torch's `clip_grad_norm_`: scale by `max/(norm + 1e-6)` when below 1),
     /// applies AdamW, and clears the gradients in every case.
-    pub fn step(&mut self, model: &mut Qwen3, lr: f64) -> Result<StepReport> {
+    pub fn step(&mut self, model: &mut dyn CausalLm, lr: f64) -> Result<StepReport> {
         if model.params().len() != self.state.len() {
             return Err(Error::Input(format!(
                 "optimizer built for {} parameters, model has {}",
@@ -191,7 +191,7 @@ impl AdamW {
 
     /// Reads optimizer state written by [`AdamW::save`] for the parameters of `model`; a moment
     /// whose name or shape does not match the model is an error naming it.
-    pub fn load(path: impl AsRef<Path>, model: &Qwen3) -> Result<Self> {
+    pub fn load(path: impl AsRef<Path>, model: &dyn CausalLm) -> Result<Self> {
         let path = path.as_ref();
         let bad = |msg: String| Error::Checkpoint(format!("{}: {msg}", path.display()));
         let bytes = std::fs::read(path)

@@ -3,12 +3,12 @@
 
 use candle_core::{Tensor, Var};
 use rlreplay_model::{
-    mixed_logprobs, AdamW, AdamWConfig, DType, Device, Qwen3, Qwen3Config, SaveOptions, SeqPair,
+    mixed_logprobs, AdamW, AdamWConfig, DType, Device, Model, ModelConfig, SaveOptions, SeqPair,
 };
 
 /// A very small configuration for finite differences: GQA 4:2, head_dim != hidden/heads.
-fn micro(tied: bool) -> Qwen3Config {
-    Qwen3Config {
+fn micro(tied: bool) -> ModelConfig {
+    ModelConfig {
         vocab_size: 40,
         hidden_size: 16,
         intermediate_size: 24,
@@ -18,7 +18,7 @@ fn micro(tied: bool) -> Qwen3Config {
         head_dim: 8,
         tie_word_embeddings: tied,
         max_position_embeddings: 64,
-        ..Qwen3Config::tiny()
+        ..ModelConfig::tiny()
     }
 }
 
@@ -55,8 +55,8 @@ fn flat(t: &Tensor) -> Vec<f64> {
 }
 
 /// A random model whose norm weights are also perturbed, so that their gradients are generic.
-fn random_model(cfg: Qwen3Config, dtype: DType) -> Qwen3 {
-    let model = Qwen3::new_random(cfg, 7, dtype, &Device::Cpu).unwrap();
+fn random_model(cfg: ModelConfig, dtype: DType) -> Model {
+    let model = Model::new_random(cfg, 7, dtype, &Device::Cpu).unwrap();
     for (i, p) in model.params().iter().enumerate() {
         if p.var.rank() == 1 {
             let n = p.var.elem_count();
@@ -111,7 +111,7 @@ fn f64_gradients_match_finite_differences() {
         model
             .forward_backward(&as_pairs(&b), &w, temperature)
             .unwrap();
-        let objective = |m: &Qwen3| -> f64 {
+        let objective = |m: &Model| -> f64 {
             let lp = m.logprobs(&as_pairs(&b), temperature, false).unwrap();
             lp.logprobs
                 .iter()
@@ -163,7 +163,7 @@ fn f64_gradients_match_finite_differences() {
 #[test]
 fn packed_batch_equals_each_sequence_alone() {
     let b = batch(512);
-    let mut model = random_model(Qwen3Config::tiny(), DType::F64);
+    let mut model = random_model(ModelConfig::tiny(), DType::F64);
     let packed = model.logprobs(&as_pairs(&b), 1.0, true).unwrap();
     for (i, (p, r)) in b.iter().enumerate() {
         let alone = model.logprobs(&[SeqPair::new(p, r)], 1.0, true).unwrap();
@@ -236,10 +236,10 @@ fn empty_responses_and_bad_inputs() {
 
 #[test]
 fn random_init_is_deterministic() {
-    let a = Qwen3::new_random(micro(false), 3, DType::F32, &Device::Cpu).unwrap();
-    let b = Qwen3::new_random(micro(false), 3, DType::F32, &Device::Cpu).unwrap();
-    let c = Qwen3::new_random(micro(false), 4, DType::F32, &Device::Cpu).unwrap();
-    let emb = |m: &Qwen3| flat(m.params()[0].var.as_tensor());
+    let a = Model::new_random(micro(false), 3, DType::F32, &Device::Cpu).unwrap();
+    let b = Model::new_random(micro(false), 3, DType::F32, &Device::Cpu).unwrap();
+    let c = Model::new_random(micro(false), 4, DType::F32, &Device::Cpu).unwrap();
+    let emb = |m: &Model| flat(m.params()[0].var.as_tensor());
     assert_eq!(emb(&a), emb(&b));
     assert_ne!(emb(&a), emb(&c));
 }
@@ -247,8 +247,8 @@ fn random_init_is_deterministic() {
 #[test]
 fn bf16_compute_keeps_f32_masters_and_tracks_f32() {
     let b = batch(512);
-    let f32_model = random_model(Qwen3Config::tiny(), DType::F32);
-    let mut bf16_model = random_model(Qwen3Config::tiny(), DType::BF16);
+    let f32_model = random_model(ModelConfig::tiny(), DType::F32);
+    let mut bf16_model = random_model(ModelConfig::tiny(), DType::BF16);
     assert_eq!(bf16_model.master_dtype(), DType::F32);
     let want = f32_model.logprobs(&as_pairs(&b), 1.0, false).unwrap();
     let n: usize = b.iter().map(|(_, r)| r.len()).sum();
@@ -267,7 +267,7 @@ fn bf16_compute_keeps_f32_masters_and_tracks_f32() {
         .all(|g| g.as_ref().unwrap().dtype() == DType::F32));
 }
 
-fn bits(m: &Qwen3) -> Vec<Vec<u64>> {
+fn bits(m: &Model) -> Vec<Vec<u64>> {
     m.params()
         .iter()
         .map(|p| {
@@ -287,7 +287,7 @@ fn save_and_reload_bit_identical_single_and_sharded() {
     model.save_hf(&single).unwrap();
     assert!(single.join("model.safetensors").exists());
     assert!(single.join("generation_config.json").exists());
-    let reloaded = Qwen3::load(&single, DType::F32, &Device::Cpu).unwrap();
+    let reloaded = Model::load(&single, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(bits(&model), bits(&reloaded));
     assert_eq!(reloaded.config().torch_dtype.as_deref(), Some("float32"));
 
@@ -312,7 +312,7 @@ fn save_and_reload_bit_identical_single_and_sharded() {
         })
         .count();
     assert!(shards > 2, "{shards} shards");
-    let reloaded = Qwen3::load(&sharded, DType::F32, &Device::Cpu).unwrap();
+    let reloaded = Model::load(&sharded, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(bits(&model), bits(&reloaded));
     let leftovers = std::fs::read_dir(tmp.path())
         .unwrap()
@@ -328,7 +328,7 @@ fn save_and_reload_bit_identical_single_and_sharded() {
 
     // bf16 storage: loads back as the bf16-rounded weights; tokenizer files follow the model.
     std::fs::write(single.join("tokenizer.json"), "{}").unwrap();
-    let from_dir = Qwen3::load(&single, DType::F32, &Device::Cpu).unwrap();
+    let from_dir = Model::load(&single, DType::F32, &Device::Cpu).unwrap();
     let half = tmp.path().join("half");
     let opts = SaveOptions {
         dtype: Some(DType::BF16),
@@ -336,7 +336,7 @@ fn save_and_reload_bit_identical_single_and_sharded() {
     };
     from_dir.save_hf_with(&half, &opts).unwrap();
     assert!(half.join("tokenizer.json").exists());
-    let reloaded = Qwen3::load(&half, DType::F32, &Device::Cpu).unwrap();
+    let reloaded = Model::load(&half, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(reloaded.config().torch_dtype.as_deref(), Some("bfloat16"));
     let a = flat(
         &model.params()[1]
@@ -360,7 +360,7 @@ fn loading_names_missing_extra_and_misshaped_tensors() {
         let mut t = original.clone();
         edit(&mut t);
         candle_core::safetensors::save(&t, &file).unwrap();
-        match Qwen3::load(&dir, DType::F32, &Device::Cpu) {
+        match Model::load(&dir, DType::F32, &Device::Cpu) {
             Ok(_) => String::from("loaded"),
             Err(e) => e.to_string(),
         }
@@ -399,13 +399,13 @@ fn loading_names_missing_extra_and_misshaped_tensors() {
     std::fs::remove_file(&file).unwrap();
     let index = serde_json::json!({"weight_map": {"model.norm.weight": "../outside.safetensors"}});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
+    let e = Model::load(&dir, DType::F32, &Device::Cpu)
         .unwrap_err()
         .to_string();
     assert!(e.contains("not a file inside the model directory"), "{e}");
     let index = serde_json::json!({"weight_map": {"model.norm.weight": "model-1.safetensors"}});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
+    let e = Model::load(&dir, DType::F32, &Device::Cpu)
         .unwrap_err()
         .to_string();
     assert!(
@@ -413,7 +413,7 @@ fn loading_names_missing_extra_and_misshaped_tensors() {
         "{e}"
     );
     std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
-    let e = Qwen3::load(&dir, DType::F32, &Device::Cpu)
+    let e = Model::load(&dir, DType::F32, &Device::Cpu)
         .unwrap_err()
         .to_string();
     assert!(e.contains("neither model.safetensors"), "{e}");
@@ -439,7 +439,7 @@ fn optimizer_state_round_trips_and_skips_non_finite_steps() {
     assert_eq!(restored.steps(), 1);
     assert_eq!(restored.config(), opt.config());
     // The same next step from the saved and the live state gives bit-identical weights.
-    let mut twin = Qwen3::load(
+    let mut twin = Model::load(
         {
             let d = tmp.path().join("twin");
             model.save_hf(&d).unwrap();
@@ -472,7 +472,7 @@ fn optimizer_state_round_trips_and_skips_non_finite_steps() {
 
     // State for another model is refused, naming the problem.
     let other = random_model(
-        Qwen3Config {
+        ModelConfig {
             intermediate_size: 20,
             ..micro(true)
         },
@@ -486,7 +486,7 @@ fn optimizer_state_round_trips_and_skips_non_finite_steps() {
 }
 
 /// The accumulated gradients of `model`, flattened, in parameter order.
-fn all_grads(model: &Qwen3) -> Vec<Vec<f64>> {
+fn all_grads(model: &Model) -> Vec<Vec<f64>> {
     model
         .grads()
         .iter()
@@ -543,7 +543,7 @@ fn activation_recompute_gives_the_same_gradients() {
 fn bf16_activation_recompute_matches_full_graph() {
     let b = batch(512);
     let n: usize = b.iter().map(|(_, r)| r.len()).sum();
-    let mut model = random_model(Qwen3Config::tiny(), DType::BF16);
+    let mut model = random_model(ModelConfig::tiny(), DType::BF16);
     model
         .forward_backward(&as_pairs(&b), &weights(n), 1.0)
         .unwrap();
@@ -569,7 +569,7 @@ fn bf16_activation_recompute_matches_full_graph() {
 fn mixed_logprobs_of_one_model_equal_its_logprobs() {
     let mut b = batch(512);
     b.push((ids(9, 3, 512), vec![]));
-    let model = random_model(Qwen3Config::tiny(), DType::F64);
+    let model = random_model(ModelConfig::tiny(), DType::F64);
     for temperature in [1.0, 0.7] {
         let want = model.logprobs(&as_pairs(&b), temperature, false).unwrap();
         let got = mixed_logprobs(&[(&model, 1.0)], &as_pairs(&b), temperature).unwrap();
@@ -590,7 +590,7 @@ fn mixed_logprobs_of_one_model_equal_its_logprobs() {
 /// Hand-mixed reference: every model's log-probs of every vocabulary entry at every scored
 /// position (`log softmax(z_i)` differs from `z_i` by a per-position constant, which the mixture's
 /// softmax removes), mixed and normalised directly.
-fn hand_mixed(parts: &[(&Qwen3, f64)], b: &[(Vec<u32>, Vec<u32>)], tau: f64) -> Vec<Vec<f64>> {
+fn hand_mixed(parts: &[(&Model, f64)], b: &[(Vec<u32>, Vec<u32>)], tau: f64) -> Vec<Vec<f64>> {
     let vocab = parts[0].0.config().vocab_size as u32;
     b.iter()
         .map(|(prompt, response)| {
@@ -620,7 +620,7 @@ fn hand_mixed(parts: &[(&Qwen3, f64)], b: &[(Vec<u32>, Vec<u32>)], tau: f64) -> 
 fn mixed_logprobs_match_a_hand_mixed_reference() {
     let b = batch(40);
     let student = random_model(micro(true), DType::F64);
-    let teacher = Qwen3::new_random(micro(false), 11, DType::F64, &Device::Cpu).unwrap();
+    let teacher = Model::new_random(micro(false), 11, DType::F64, &Device::Cpu).unwrap();
     let parts = [(&student, 0.9), (&teacher, 0.1)];
     let tau = 0.8;
     let got = mixed_logprobs(&parts, &as_pairs(&b), tau).unwrap();
@@ -642,9 +642,9 @@ fn mixed_logprobs_match_a_hand_mixed_reference() {
 #[test]
 fn mixed_logprobs_reject_bad_inputs() {
     let a = random_model(micro(true), DType::F32);
-    let other = Qwen3::new_random(Qwen3Config::tiny(), 1, DType::F32, &Device::Cpu).unwrap();
+    let other = Model::new_random(ModelConfig::tiny(), 1, DType::F32, &Device::Cpu).unwrap();
     let pairs = [SeqPair::new(&[1, 2], &[3])];
-    let err = |parts: &[(&Qwen3, f64)], tau: f64| {
+    let err = |parts: &[(&Model, f64)], tau: f64| {
         mixed_logprobs(parts, &pairs, tau).unwrap_err().to_string()
     };
     assert!(err(&[], 1.0).contains("no models"));

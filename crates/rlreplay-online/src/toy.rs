@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
-use rlreplay_model::Qwen3Config;
+use rlreplay_model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -140,11 +140,11 @@ impl Default for ToyModel {
 
 impl ToyModel {
     /// The Qwen3 configuration over the toy vocabulary (tied embeddings, EOS = `<|im_end|>`).
-    pub fn config(&self) -> Qwen3Config {
+    pub fn config(&self) -> ModelConfig {
         let mut extra = Map::new();
         extra.insert("eos_token_id".into(), json!(token_id(IM_END)));
         extra.insert("pad_token_id".into(), json!(token_id(ENDOFTEXT)));
-        Qwen3Config {
+        ModelConfig {
             vocab_size: vocab().len(),
             hidden_size: self.hidden_size,
             intermediate_size: self.intermediate_size,
@@ -154,7 +154,7 @@ impl ToyModel {
             head_dim: self.head_dim,
             max_position_embeddings: 512,
             extra,
-            ..Qwen3Config::tiny()
+            ..ModelConfig::tiny()
         }
     }
 }

@@ -20,7 +20,7 @@ use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::TOKENIZER_FILES;
-use rlreplay_model::{AdamW, AdamWConfig, Device, LrSchedule, Qwen3, SeqPair};
+use rlreplay_model::{AdamW, AdamWConfig, Device, LrSchedule, Model, SeqPair};
 use rlreplay_reward::{RewardDispatch, RewardOutcome};
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_sampling::engine::{generate, Generation};
@@ -167,7 +167,7 @@ pub struct Trainer {
     train: Vec<Prompt>,
     val: Vec<Prompt>,
     stop_ids: Vec<u32>,
-    policy: Qwen3,
+    policy: Model,
     opt: AdamW,
     lr: LrSchedule,
     /// Frozen initial model (trust region) or the EMA teacher.
@@ -243,13 +243,13 @@ impl Trainer {
                     );
                 }
                 (
-                    Qwen3::load(dir, dtype, &device)?,
+                    Model::load(dir, dtype, &device)?,
                     state,
                     Some(dir.join(OPTIMIZER_STATE)),
                 )
             }
             None => (
-                Qwen3::load(&initial, dtype, &device)?,
+                Model::load(&initial, dtype, &device)?,
                 TrainerState {
                     global_step: 0,
                     sampler: SamplerState::default(),
@@ -276,7 +276,7 @@ impl Trainer {
                 (Some((_, d)), TeacherRegularization::Ema) => d.join(EMA_TEACHER),
                 _ => initial.clone(),
             };
-            let model = Qwen3::load(&dir, dtype, &device)?;
+            let model = Model::load(&dir, dtype, &device)?;
             Some(Teacher::new(
                 model,
                 sd.teacher_regularization,
@@ -334,7 +334,7 @@ impl Trainer {
 
     /// Saves `model` in the Hugging Face layout with the initial model's tokenizer files (a resumed
     /// model's own source directory may have been rotated away).
-    fn save_model(&self, model: &Qwen3, dir: &Path) -> Result<()> {
+    fn save_model(&self, model: &Model, dir: &Path) -> Result<()> {
         model.save_hf(dir)?;
         for f in TOKENIZER_FILES {
             let (src, dst) = (self.initial.join(f), dir.join(f));
@@ -763,7 +763,7 @@ fn make_toy_model(cfg: &OnlineConfig, dir: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(&tmp);
     toy::write_tokenizer(&tmp)?;
     let chat = ChatTokenizer::from_dir(&tmp)?;
-    let mut model = Qwen3::new_random(
+    let mut model = Model::new_random(
         cfg.model.toy.config(),
         cfg.model.init_seed,
         cfg.model.dtype.candle(),

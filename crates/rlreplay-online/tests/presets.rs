@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use rlreplay_model::{DType, Device, Qwen3};
+use rlreplay_model::{DType, Device, Model};
 use rlreplay_online::config::OnlineConfig;
 use rlreplay_online::toy::{self, ToyModel};
 use rlreplay_online::trainer::{run, Provenance, RunOptions};
@@ -12,7 +12,7 @@ use rlreplay_online::trainer::{run, Provenance, RunOptions};
 fn biology_preset_runs_one_step_with_a_tiny_model() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("model");
-    Qwen3::new_random(ToyModel::default().config(), 3, DType::F32, &Device::Cpu)
+    Model::new_random(ToyModel::default().config(), 3, DType::F32, &Device::Cpu)
         .unwrap()
         .save_hf(&model)
         .unwrap();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
 use rlreplay_data::{write_shard, RolloutBatch};
-use rlreplay_model::{DType, Device, Qwen3};
+use rlreplay_model::{DType, Device, Model};
 use rlreplay_online::toy::{self, ToyModel};
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
@@ -15,7 +15,7 @@ use rlreplay_train::{run, ReplayConfig, RunOptions};
 /// A tiny random Qwen3 over the toy vocabulary with the toy tokenizer files.
 fn model_dir(dir: &Path) -> PathBuf {
     let out = dir.join("model");
-    let model = Qwen3::new_random(ToyModel::default().config(), 5, DType::F32, &Device::Cpu)
+    let model = Model::new_random(ToyModel::default().config(), 5, DType::F32, &Device::Cpu)
         .expect("random model");
     model.save_hf(&out).unwrap();
     toy::write_tokenizer(&out).unwrap();

@@ -11,13 +11,13 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use rlreplay_model::generate::Decoder;
-use rlreplay_model::{DType, Device, Qwen3, Qwen3Config};
+use rlreplay_model::{DType, Device, Model, ModelConfig};
 use rlreplay_sampling::engine::generate;
 use rlreplay_sampling::sampling::SamplingParams;
 
 /// The benchmark model: 4 layers, hidden 256, 8/4 heads of 32, MLP 768, vocab 8192.
-fn bench_config() -> Qwen3Config {
-    Qwen3Config {
+fn bench_config() -> ModelConfig {
+    ModelConfig {
         vocab_size: 8192,
         hidden_size: 256,
         intermediate_size: 768,
@@ -25,7 +25,7 @@ fn bench_config() -> Qwen3Config {
         num_attention_heads: 8,
         num_key_value_heads: 4,
         head_dim: 32,
-        ..Qwen3Config::tiny()
+        ..ModelConfig::tiny()
     }
 }
 
@@ -51,7 +51,7 @@ fn main() -> Result<()> {
         })
     };
     let (batch, prompt_len, new_tokens) = (num(2, 16)?, num(3, 32)?, num(4, 128)?);
-    let model = Qwen3::new_random(bench_config(), 0, DType::F32, &Device::Cpu)?;
+    let model = Model::new_random(bench_config(), 0, DType::F32, &Device::Cpu)?;
     model.save_hf(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let vocab = model.config().vocab_size as u32;

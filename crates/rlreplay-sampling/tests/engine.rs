@@ -2,12 +2,12 @@
 //! the same outputs whatever the batch size, stop ids and length limits end sequences.
 
 use rlreplay_model::generate::Decoder;
-use rlreplay_model::{DType, Device, Qwen3, Qwen3Config, SeqPair};
+use rlreplay_model::{DType, Device, Model, ModelConfig, SeqPair};
 use rlreplay_sampling::engine::{generate, Generation};
 use rlreplay_sampling::sampling::SamplingParams;
 
-fn model() -> Qwen3 {
-    Qwen3::new_random(Qwen3Config::tiny(), 7, DType::F32, &Device::Cpu).unwrap()
+fn model() -> Model {
+    Model::new_random(ModelConfig::tiny(), 7, DType::F32, &Device::Cpu).unwrap()
 }
 
 fn prompts() -> Vec<Vec<u32>> {

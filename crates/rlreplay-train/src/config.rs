@@ -113,7 +113,7 @@ pub struct RandomModel {
 
 impl Default for RandomModel {
     fn default() -> Self {
-        let t = rlreplay_model::Qwen3Config::tiny();
+        let t = rlreplay_model::ModelConfig::tiny();
         Self {
             vocab_size: t.vocab_size,
             hidden_size: t.hidden_size,
@@ -131,8 +131,8 @@ impl Default for RandomModel {
 
 impl RandomModel {
     /// The model configuration of this shape.
-    pub fn to_config(&self) -> rlreplay_model::Qwen3Config {
-        rlreplay_model::Qwen3Config {
+    pub fn to_config(&self) -> rlreplay_model::ModelConfig {
+        rlreplay_model::ModelConfig {
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
             intermediate_size: self.intermediate_size,
@@ -142,7 +142,7 @@ impl RandomModel {
             head_dim: self.head_dim,
             tie_word_embeddings: self.tie_word_embeddings,
             max_position_embeddings: self.max_position_embeddings,
-            ..rlreplay_model::Qwen3Config::tiny()
+            ..rlreplay_model::ModelConfig::tiny()
         }
     }
 }

@@ -3,7 +3,7 @@
 //! whose weights follow the student, `θ_T ← (1 − η)·θ_T + η·θ_student`.
 
 use anyhow::{bail, ensure, Result};
-use rlreplay_model::{micro_batches, mixed_logprobs, Qwen3, SeqPair};
+use rlreplay_model::{micro_batches, mixed_logprobs, Model, SeqPair};
 use serde::{Deserialize, Serialize};
 
 /// Directory of the EMA teacher inside a checkpoint.
@@ -23,7 +23,7 @@ pub enum TeacherRegularization {
 
 /// The self-distillation teacher: the frozen initial model (trust region) or the EMA model.
 pub struct Teacher {
-    model: Qwen3,
+    model: Model,
     regularization: TeacherRegularization,
     rate: f64,
 }
@@ -31,7 +31,7 @@ pub struct Teacher {
 impl Teacher {
     /// A teacher over `model` (the initial weights, or the saved EMA teacher on resume); `rate`
     /// is α of the trust region or η of the EMA.
-    pub fn new(model: Qwen3, regularization: TeacherRegularization, rate: f64) -> Result<Self> {
+    pub fn new(model: Model, regularization: TeacherRegularization, rate: f64) -> Result<Self> {
         if !(0.0..=1.0).contains(&rate) {
             bail!("teacher_update_rate = {rate}: must lie in [0, 1]");
         }
@@ -43,7 +43,7 @@ impl Teacher {
     }
 
     /// The teacher's own weights (frozen initial model, or the EMA model).
-    pub fn model(&self) -> &Qwen3 {
+    pub fn model(&self) -> &Model {
         &self.model
     }
 
@@ -58,7 +58,7 @@ impl Teacher {
     /// Rows with an empty prompt or response get zeros (no teacher context, or no tokens).
     pub fn logprobs(
         &self,
-        policy: &Qwen3,
+        policy: &Model,
         prompts: &[&[u32]],
         responses: &[&[u32]],
         temperature: f64,
@@ -78,7 +78,7 @@ impl Teacher {
             .iter()
             .map(|&i| SeqPair::new(prompts[i], responses[i]))
             .collect();
-        let parts: Vec<(&Qwen3, f64)> = match self.regularization {
+        let parts: Vec<(&Model, f64)> = match self.regularization {
             TeacherRegularization::TrustRegion => {
                 vec![(&self.model, 1.0 - self.rate), (policy, self.rate)]
             }
@@ -95,7 +95,7 @@ impl Teacher {
 
     /// After an update that applied at least one optimizer step: the EMA teacher moves towards
     /// `policy`; the trust-region teacher stays frozen.
-    pub fn follow(&self, policy: &Qwen3) -> Result<()> {
+    pub fn follow(&self, policy: &Model) -> Result<()> {
         match self.regularization {
             TeacherRegularization::Ema => ema_update(&self.model, policy, self.rate),
             TeacherRegularization::TrustRegion => Ok(()),
@@ -104,7 +104,7 @@ impl Teacher {
 }
 
 /// Moves every weight of `teacher` towards `student`: `θ_T ← (1 − η)·θ_T + η·θ_student`.
-pub fn ema_update(teacher: &Qwen3, student: &Qwen3, rate: f64) -> Result<()> {
+pub fn ema_update(teacher: &Model, student: &Model, rate: f64) -> Result<()> {
     if !(0.0..=1.0).contains(&rate) {
         bail!("EMA teacher update rate must lie in [0, 1], got {rate}");
     }
@@ -136,19 +136,19 @@ pub fn ema_update(teacher: &Qwen3, student: &Qwen3, rate: f64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlreplay_model::{DType, Device, Qwen3Config};
+    use rlreplay_model::{DType, Device, ModelConfig};
 
-    fn model(seed: u64) -> Qwen3 {
-        let cfg = Qwen3Config {
+    fn model(seed: u64) -> Model {
+        let cfg = ModelConfig {
             vocab_size: 40,
             hidden_size: 32,
             intermediate_size: 64,
             num_attention_heads: 4,
             num_key_value_heads: 2,
             head_dim: 8,
-            ..Qwen3Config::tiny()
+            ..ModelConfig::tiny()
         };
-        Qwen3::new_random(cfg, seed, DType::F32, &Device::Cpu).unwrap()
+        Model::new_random(cfg, seed, DType::F32, &Device::Cpu).unwrap()
     }
 
     fn close(a: &[Vec<f64>], b: &[Vec<f64>]) {
@@ -184,7 +184,7 @@ mod tests {
             .unwrap();
         assert_eq!(ema[2], vec![0.0], "a row without teacher prompt gets zeros");
         close(&pick(ema), &want_a);
-        let tr = |rate: f64, policy: &Qwen3, budget: usize| {
+        let tr = |rate: f64, policy: &Model, budget: usize| {
             teacher(TeacherRegularization::TrustRegion, rate)
                 .logprobs(policy, &prompts, &responses, 0.7, budget)
                 .unwrap()
@@ -201,9 +201,9 @@ mod tests {
 
     #[test]
     fn ema_moves_teacher_towards_student() {
-        let cfg = Qwen3Config::tiny();
-        let teacher = Qwen3::new_random(cfg.clone(), 1, DType::F32, &Device::Cpu).unwrap();
-        let student = Qwen3::new_random(cfg, 2, DType::F32, &Device::Cpu).unwrap();
+        let cfg = ModelConfig::tiny();
+        let teacher = Model::new_random(cfg.clone(), 1, DType::F32, &Device::Cpu).unwrap();
+        let student = Model::new_random(cfg, 2, DType::F32, &Device::Cpu).unwrap();
         let before = teacher.params()[1].var.as_tensor().flatten_all().unwrap();
         let s = student.params()[1].var.as_tensor().flatten_all().unwrap();
         ema_update(&teacher, &student, 0.25).unwrap();

@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rlreplay_algo::AlgoConfig;
 use rlreplay_data::{resolve_hub_path, Dataset, ReadOptions, RolloutBatch};
-use rlreplay_model::{AdamW, Device, LrSchedule, Qwen3};
+use rlreplay_model::{AdamW, Device, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
@@ -179,7 +179,7 @@ struct Trainer {
     algo: AlgoConfig,
     dataset: Dataset,
     plan: Vec<PlannedStep>,
-    model: Qwen3,
+    model: Model,
     opt: AdamW,
     lr: LrSchedule,
     state: TrainerState,
@@ -196,7 +196,7 @@ fn model_file(name: &str) -> bool {
 }
 
 /// How the shards are read: strict, with the configured EOS and (when on) the vocabulary check.
-fn read_options(cfg: &ReplayConfig, model: &Qwen3) -> ReadOptions {
+fn read_options(cfg: &ReplayConfig, model: &Model) -> ReadOptions {
     ReadOptions {
         lenient: false,
         eos: cfg.data.eos_token_id,
@@ -282,7 +282,7 @@ impl Trainer {
         };
         let (mut model, opt, state) = match &resume_from {
             Some((step, dir)) => {
-                let model = Qwen3::load(dir, dtype, &device)
+                let model = Model::load(dir, dtype, &device)
                     .with_context(|| format!("loading checkpoint {}", dir.display()))?;
                 let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &model)?;
                 let text = std::fs::read_to_string(dir.join(TRAINER_STATE))?;
@@ -303,9 +303,9 @@ impl Trainer {
             }
             None => {
                 let model = match (&model_dir, &cfg.model.random) {
-                    (Some(dir), _) => Qwen3::load(dir, dtype, &device)
+                    (Some(dir), _) => Model::load(dir, dtype, &device)
                         .with_context(|| format!("[model] path = {}", dir.display()))?,
-                    (None, Some(r)) => Qwen3::new_random(r.to_config(), r.seed, dtype, &device)
+                    (None, Some(r)) => Model::new_random(r.to_config(), r.seed, dtype, &device)
                         .context("[model] random")?,
                     (None, None) => bail!("[model]: give `path` or `random`"),
                 };
@@ -343,7 +343,7 @@ impl Trainer {
                     }
                     _ => dir.clone(),
                 };
-                let teacher_model = Qwen3::load(&teacher_dir, dtype, &device)
+                let teacher_model = Model::load(&teacher_dir, dtype, &device)
                     .with_context(|| format!("loading the teacher {}", teacher_dir.display()))?;
                 let teacher = Teacher::new(
                     teacher_model,

@@ -17,7 +17,7 @@ use rlreplay_algo::{
     MetricAccumulator, MicroBatch, Normalizer,
 };
 use rlreplay_data::RolloutBatch;
-use rlreplay_model::{micro_batches, AdamW, Qwen3, SeqPair};
+use rlreplay_model::{micro_batches, AdamW, Model, SeqPair};
 
 use crate::rundir::Metrics;
 use crate::teacher::Teacher;
@@ -65,7 +65,7 @@ pub struct UpdateOutcome {
 /// Per-token log-probs of `pairs` under `model` (no graph), packed into micro-batches of
 /// `budget` tokens; flat, in pair order.
 pub fn packed_logprobs(
-    model: &Qwen3,
+    model: &Model,
     pairs: &[SeqPair<'_>],
     budget: usize,
     temperature: f64,
@@ -83,7 +83,7 @@ pub fn packed_logprobs(
 /// With `teacher`, the loss gets teacher log-probs recomputed at every micro-batch under the
 /// current weights, and the EMA teacher follows the policy after an update that applied a step.
 pub fn update(
-    policy: &mut Qwen3,
+    policy: &mut Model,
     opt: &mut AdamW,
     algo: &AlgoConfig,
     batch: &RolloutBatch,

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use rlreplay_data::{write_shard, RolloutBatch};
-use rlreplay_model::{DType, Device, Qwen3};
+use rlreplay_model::{DType, Device, Model};
 use rlreplay_train::{run, ReplayConfig, RunOptions};
 use serde::Deserialize;
 
@@ -42,7 +42,7 @@ struct Expected {
     steps: Vec<StepExpect>,
 }
 
-fn replay(dtype: &str) -> (tempfile::TempDir, Vec<serde_json::Value>, Qwen3) {
+fn replay(dtype: &str) -> (tempfile::TempDir, Vec<serde_json::Value>, Model) {
     let tmp = tempfile::tempdir().unwrap();
     let rollouts: Rollouts =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("rollouts.json")).unwrap())
@@ -107,7 +107,7 @@ grad_clip = {clip}
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let model = Qwen3::load(
+    let model = Model::load(
         out.join("checkpoints/global_step_2"),
         DType::F64,
         &Device::Cpu,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
-use rlreplay_model::{DType, Device, Qwen3, SeqPair};
+use rlreplay_model::{DType, Device, Model, SeqPair};
 use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
 use rlreplay_train::{run, ReplayConfig, RunOptions};
 
@@ -180,7 +180,7 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
 }
 
 /// Mean per-token log-prob of the successful minus the failed responses of one step.
-fn success_gap(model: &Qwen3, step: i64) -> f64 {
+fn success_gap(model: &Model, step: i64) -> f64 {
     let b = generate(&synth(6), step).unwrap();
     let pairs: Vec<SeqPair<'_>> = (0..b.len())
         .map(|i| SeqPair::new(b.prompt(i), b.response(i)))
@@ -204,7 +204,7 @@ fn replay_raises_held_out_successes_over_failures() {
     let cfg = config(&data, "");
     let out = tmp.path().join("run");
     run(&RunOptions::new(cfg, &out)).unwrap();
-    let before = Qwen3::new_random(
+    let before = Model::new_random(
         config(&data, "").model.random.unwrap().to_config(),
         3,
         DType::F32,
@@ -212,7 +212,7 @@ fn replay_raises_held_out_successes_over_failures() {
     )
     .unwrap();
     let (_, dir) = latest_checkpoint(&out).unwrap().unwrap();
-    let after = Qwen3::load(&dir, DType::F32, &Device::Cpu).unwrap();
+    let after = Model::load(&dir, DType::F32, &Device::Cpu).unwrap();
     // Step 6 was never trained on: held-out prompts and responses.
     let (g0, g1) = (success_gap(&before, 6), success_gap(&after, 6));
     assert!(g1 > g0 + 0.25, "gap before {g0}, after {g1}");

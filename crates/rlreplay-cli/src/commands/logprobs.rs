@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use rlreplay_model::{DType, Device, Qwen3, SeqPair};
+use rlreplay_model::{DType, Device, Model, SeqPair};
 use serde::Deserialize;
 
 /// Arguments of `rlreplay logprobs`.
@@ -60,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         other => bail!("--dtype {other:?} is not one of f32, bf16, f64"),
     };
     let device = Device::cuda_if_available(0)?;
-    let model = Qwen3::load(&args.model, dtype, &device)
+    let model = Model::load(&args.model, dtype, &device)
         .with_context(|| format!("loading the model from {}", args.model.display()))?;
     let cfg = model.config();
 
@@ -123,7 +123,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Scores the buffered lines in one packed pass and writes their output lines.
 fn flush(
-    model: &Qwen3,
+    model: &Model,
     batch: &mut Vec<Line>,
     args: &Args,
     out: &mut dyn Write,

@@ -72,21 +72,33 @@ pub(crate) fn rms_norm(dst: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
         });
 }
 
-/// For every token row of `qkv` (`[T, width]`, each row starting with `heads` heads of `D =
-/// w.len()` elements at `offset`): per-head RMSNorm with weight `w`, then the rotate-half RoPE of
-/// that token's angles (`cos`, `sin`: `[T, D/2]`), in place.
+/// `dst[r, i] += bias[i]` for every row of `dst` (`bias.len()` elements per row).
+pub(crate) fn add_bias(dst: &mut [f32], bias: &[f32]) {
+    let rows = (MIN_TASK / bias.len().max(1)).max(1) * bias.len();
+    dst.par_chunks_mut(rows).for_each(|dst| {
+        for row in dst.chunks_exact_mut(bias.len()) {
+            for (o, &b) in row.iter_mut().zip(bias) {
+                *o += b;
+            }
+        }
+    });
+}
+
+/// For every token row of `qkv` (`[T, width]`, each row holding `heads` heads of `d` elements at
+/// `offset`): per-head RMSNorm with weight `w` (when given), then the rotate-half RoPE of that
+/// token's angles (`cos`, `sin`: `[T, d/2]`), in place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn norm_rope_heads(
     qkv: &mut [f32],
     width: usize,
     offset: usize,
     heads: usize,
-    w: &[f32],
+    d: usize,
+    w: Option<&[f32]>,
     eps: f32,
     cos: &[f32],
     sin: &[f32],
 ) {
-    let d = w.len();
     let half = d / 2;
     let rows = (MIN_TASK / width.max(1)).max(1);
     qkv.par_chunks_mut(rows * width)
@@ -98,10 +110,15 @@ pub(crate) fn norm_rope_heads(
                 .zip(sin.chunks_exact(half))
             {
                 for x in row[offset..offset + heads * d].chunks_exact_mut(d) {
-                    let r = rinv(x, eps);
+                    if let Some(w) = w {
+                        let r = rinv(x, eps);
+                        for (x, &w) in x.iter_mut().zip(w) {
+                            *x = *x * r * w;
+                        }
+                    }
                     let (x1, x2) = x.split_at_mut(half);
                     for i in 0..half {
-                        let (a, b) = (x1[i] * r * w[i], x2[i] * r * w[half + i]);
+                        let (a, b) = (x1[i], x2[i]);
                         x1[i] = a * cs[i] - b * sn[i];
                         x2[i] = b * cs[i] + a * sn[i];
                     }
