@@ -1,7 +1,8 @@
 """Writes the committed seed corpora of the fuzz targets (fuzz/seeds/TARGET/).
 
 verify_latex: short gold/prediction pairs of the verifier's differential-testing fixture
-(crates/rlreplay-reward/tests/data/math_verify_cases.jsonl), one file each, `gold NUL pred`;
+(crates/rlreplay-reward/tests/data/math_verify_cases.jsonl), one file each, `gold NUL pred`; the
+pieces of long chains and deep nesting (`chain-*`, which the target also verifies repeated to 4 KiB);
 and fuzz/stress/: large pairs in the same format for the time-limit check.
 read_shard: small rollout shards in the canonical schema and in the published run's aliased layout,
 with several compressions, encodings and page sizes (needs pyarrow: .venv/arrow/bin/python).
@@ -40,13 +41,24 @@ def verify_seeds():
         seen.add(data)
         total += len(data)
         write("verify_latex", "case-" + hashlib.sha1(data).hexdigest()[:16], data)
-    print(f"verify_latex: {len(seen)} seeds, {total} bytes")
+    for old in d.glob("chain-*"):
+        old.unlink()
+    for piece in CHAIN_PIECES:
+        data = piece.encode()
+        write("verify_latex", "chain-" + hashlib.sha1(data).hexdigest()[:16], data)
+    print(f"verify_latex: {len(seen)} seeds, {total} bytes; {len(CHAIN_PIECES)} chain pieces")
     stress = ROOT / "fuzz" / "stress"
     stress.mkdir(exist_ok=True)
     for name, gold, pred in STRESS:
         (stress / name).write_bytes((gold + "\0" + pred).encode())
     print(f"stress: {len(STRESS)} inputs")
 
+
+# Short inputs that the `verify_latex` target also repeats: postfix and infix chains, nesting.
+CHAIN_PIECES = [
+    "!", "^2", "^{2}", "\\%", "%", "'", "(", "{", "\\{", "|", "2^{", "-", "\\sqrt", "\\frac{1}",
+    "/x", " \\cup A", " \\in x", "=1", "\\left(", "\\begin{pmatrix}1\\end{pmatrix}",
+]
 
 # Large inputs that probe the time limit and the size bounds (each well under 64 KiB), for
 # `examples/verify_slowest`. Not fuzzing seeds: the instrumented fuzzing build is too slow on them
@@ -66,6 +78,10 @@ STRESS = [
     ("factorials", "1", "\\boxed{" + "2000!" * 50 + "}"),
     ("long-set", "\\{" + ",".join(str(i) for i in range(1500)) + "\\}", "\\boxed{\\{" + ",".join(str(i) for i in range(1499, -1, -1)) + "\\}}"),
     ("unclosed", "1", "\\boxed{" + "\\left(" * 1000 + "\\text{" * 1000),
+    ("factorial-chain", "6", "\\boxed{3" + "!" * 8000 + "}"),
+    ("power-chain", "3" + "^2" * 8000, "\\boxed{3}"),
+    ("percent-chain", "3" + "\\%" * 8000, "\\boxed{3" + "\\%" * 8000 + "}"),
+    ("division-chain", "1", "\\boxed{x" + "/x" * 8000 + "}"),
 ]
 
 

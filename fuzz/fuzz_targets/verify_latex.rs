@@ -5,6 +5,11 @@
 //! prediction (without a NUL, the text is both). Both verifier modes run on the pair, and the
 //! public extraction, normalisation and parsing entry points run on each side.
 //!
+//! A short input (at most [`MAX_PIECE`] bytes) is also repeated to about [`AMPLIFIED`] bytes and
+//! verified as a boxed prediction and as a gold answer on a thread with a [`SMALL_STACK`]: long
+//! postfix chains (`!!!…`, `^2^2…`), long infix chains and deep nesting (`((((…`) must stay within
+//! the verifier's bounds, never overflow the stack.
+//!
 //! `VERIFY_FUZZ_LIMIT_MS` sets the verifier's time limit per answer (default 250 ms, so that an
 //! input that reaches the limit in every call still fits libFuzzer's `-timeout=2`); a call that
 //! overruns its limit by more than a second is a failure.
@@ -22,6 +27,12 @@ use rlreplay_reward::{mcq_reward, verify, Limits, Mode};
 
 /// Scheduling slack allowed beyond the time limit before a call counts as overrunning it.
 const SLACK: Duration = Duration::from_secs(1);
+/// Longest input that is also verified repeated.
+const MAX_PIECE: usize = 64;
+/// Length of a repeated input, in bytes.
+const AMPLIFIED: usize = 4096;
+/// Stack of the thread that verifies repeated inputs, a quarter of a spawned thread's default.
+const SMALL_STACK: usize = 512 * 1024;
 
 static LIMITS: LazyLock<Limits> = LazyLock::new(|| {
     let ms = std::env::var("VERIFY_FUZZ_LIMIT_MS")
@@ -91,4 +102,24 @@ fuzz_target!(|data: &[u8]| {
     }
     let score = mcq_reward(pred, gold);
     assert!(score.score == 0.0 || score.score == 1.0);
+
+    let piece = text.replace('\0', "");
+    if !piece.is_empty() && piece.len() <= MAX_PIECE {
+        let long = piece.repeat(AMPLIFIED / piece.len() + 1);
+        let worker = std::thread::Builder::new()
+            .stack_size(SMALL_STACK)
+            .spawn(move || {
+                let boxed = format!("\\boxed{{{long}}}");
+                bounded("verify (repeated, prediction)", || {
+                    verify("1", &boxed, Mode::Maxrl, &LIMITS)
+                });
+                bounded("verify (repeated, gold)", || {
+                    verify(&long, "\\boxed{1}", Mode::Maxrl, &LIMITS)
+                });
+            })
+            .expect("spawn");
+        if let Err(panic) = worker.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
 });

@@ -90,4 +90,27 @@ mod tests {
             1.0
         );
     }
+
+    /// 8,000 `!` in a response or a ground truth once overflowed the verifier's stack.
+    #[test]
+    fn long_operator_chains_score_zero() {
+        let run = || {
+            let s = Scorer::default();
+            let chain = format!("\\boxed{{3{}}}", "!".repeat(8000));
+            let out = s.score("math", "6", &chain);
+            assert_eq!(out.reward, 0.0);
+            assert!(out.error.is_some());
+            let gold = format!("3{}", "^2".repeat(8000));
+            assert_eq!(s.score("math", &gold, "\\boxed{3}").reward, 0.0);
+            let a = s.answer("math", &chain).unwrap();
+            let b = s.answer("math", "\\boxed{6}").unwrap();
+            assert!(!s.equivalent(&a, &b) && !s.equivalent(&b, &a));
+        };
+        std::thread::Builder::new()
+            .stack_size(512 * 1024)
+            .spawn(run)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
 }

@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use crate::expr::{Budget, Expr, RelOp, Stop};
+use crate::expr::{Budget, Expr, RelOp, Stop, MAX_TREE_DEPTH};
 use crate::latex::only_symbols;
 
 /// Float comparisons round to this many decimals (math-verify's `float_rounding`).
@@ -443,8 +443,27 @@ fn atom(e: &Expr) -> Option<(&Expr, bool)> {
     }
 }
 
+/// Most expression nodes in the entries of a multiplied-out matrix expression.
+const MAX_MATRIX_NODES: usize = 100_000;
+
+/// `Some(m)` when the entries of `m` are within [`MAX_TREE_DEPTH`] and have at most
+/// [`MAX_MATRIX_NODES`] nodes in all; else `None`, counting the bound (each sum or product of
+/// matrices nests the entries one or two levels deeper, and a product multiplies their sizes).
+fn bounded_matrix(m: Vec<Vec<Expr>>, b: &Budget) -> Option<Vec<Vec<Expr>>> {
+    let mut nodes = 0;
+    for x in m.iter().flatten() {
+        nodes += x.nodes_capped(MAX_MATRIX_NODES - nodes.min(MAX_MATRIX_NODES));
+        if nodes > MAX_MATRIX_NODES || x.depth_capped(MAX_TREE_DEPTH) > MAX_TREE_DEPTH {
+            b.bound();
+            return None;
+        }
+    }
+    Some(m)
+}
+
 /// The entries of a matrix expression: a matrix, or sums and products of matrices.
-fn matrix_value(e: &Expr) -> Option<Vec<Vec<Expr>>> {
+fn matrix_value(e: &Expr, b: &Budget) -> Option<Vec<Vec<Expr>>> {
+    let matrix_value = |e: &Expr| matrix_value(e, b);
     match e {
         Expr::Matrix(m) => Some(m.clone()),
         Expr::Add(v) if v.len() > 1 => {
@@ -459,6 +478,7 @@ fn matrix_value(e: &Expr) -> Option<Vec<Vec<Expr>>> {
                         *a = Expr::Add(vec![a.clone(), x]);
                     }
                 }
+                acc = bounded_matrix(acc, b)?;
             }
             Some(acc)
         }
@@ -485,6 +505,7 @@ fn matrix_value(e: &Expr) -> Option<Vec<Vec<Expr>>> {
                             .collect()
                     })
                     .collect();
+                acc = bounded_matrix(acc, b)?;
             }
             Some(acc)
         }
@@ -498,7 +519,7 @@ fn round_to(x: f64, digits: i32) -> f64 {
 }
 
 fn numeric_eq(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
-    if let (Some(g), Some(p)) = (matrix_value(gold), matrix_value(pred)) {
+    if let (Some(g), Some(p)) = (matrix_value(gold, b), matrix_value(pred, b)) {
         if g.len() != p.len() || g.iter().zip(&p).any(|(x, y)| x.len() != y.len()) {
             return Ok(false);
         }

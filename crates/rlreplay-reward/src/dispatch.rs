@@ -113,14 +113,19 @@ impl RewardDispatch {
                     limits: self.limits,
                 }
                 .verify(ground_truth, response_text);
-                RewardOutcome {
-                    reward: v.reward(),
-                    timed_out: v.timed_out,
-                    error: v.gold_unparsed.then(|| {
+                let error = if v.bounded {
+                    Some("the verifier's nesting or size bound was reached (graded 0)".to_string())
+                } else {
+                    v.gold_unparsed.then(|| {
                         format!(
                             "no answer could be extracted from the ground truth {ground_truth:?}"
                         )
-                    }),
+                    })
+                };
+                RewardOutcome {
+                    reward: if v.bounded { 0.0 } else { v.reward() },
+                    timed_out: v.timed_out,
+                    error,
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! The expression tree answers are parsed into, with exact rational and floating evaluation.
 
+use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -16,16 +17,22 @@ pub enum Stop {
     Fail,
 }
 
-/// A deadline checked inside the parser and evaluator loops.
-#[derive(Debug, Clone, Copy)]
+/// A deadline checked inside the parser and evaluator loops, and a count of the nesting and size
+/// bounds reached (each one makes the input at hand unparsable, as a recursion error does in
+/// math-verify).
+#[derive(Debug, Clone)]
 pub struct Budget {
     deadline: Instant,
+    bounds: Cell<u32>,
 }
 
 impl Budget {
     /// A budget ending at `deadline`.
     pub fn new(deadline: Instant) -> Self {
-        Self { deadline }
+        Self {
+            deadline,
+            bounds: Cell::new(0),
+        }
     }
 
     /// `Err(Stop::Timeout)` once the deadline has passed.
@@ -36,7 +43,22 @@ impl Budget {
             Ok(())
         }
     }
+
+    /// Counts a reached bound and returns the failure to propagate.
+    pub fn bound(&self) -> Stop {
+        self.bounds.set(self.bounds.get().saturating_add(1));
+        Stop::Fail
+    }
+
+    /// How many bounds were reached so far.
+    pub fn bounds_hit(&self) -> u32 {
+        self.bounds.get()
+    }
 }
+
+/// Deepest expression tree the parser returns and the comparison builds: every recursive walk over
+/// a tree (evaluation, comparison, formatting, dropping) then stays within a small, fixed stack.
+pub const MAX_TREE_DEPTH: usize = 200;
 
 /// Relation operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +191,61 @@ impl Expr {
                 | Expr::NamedSet(_)
                 | Expr::Matrix(_)
         )
+    }
+
+    /// Calls `f` on every direct sub-expression.
+    pub fn for_each_child(&self, f: &mut dyn FnMut(&Expr)) {
+        match self {
+            Expr::Add(v)
+            | Expr::Mul(v)
+            | Expr::Func(_, v)
+            | Expr::And(v)
+            | Expr::Set(v)
+            | Expr::Tuple(v) => v.iter().for_each(f),
+            Expr::Pow(a, b)
+            | Expr::Rel(_, a, b)
+            | Expr::SetOp(_, a, b)
+            | Expr::Interval(a, b, ..) => {
+                f(a);
+                f(b);
+            }
+            Expr::Pct(a) => f(a),
+            Expr::Matrix(rows) => rows.iter().flatten().for_each(f),
+            Expr::Num(_)
+            | Expr::Float(_)
+            | Expr::Sym(_)
+            | Expr::Pi
+            | Expr::E
+            | Expr::Inf
+            | Expr::I
+            | Expr::NamedSet(_) => {}
+        }
+    }
+
+    /// The tree depth (a leaf has depth 1), or `cap + 1` when it is deeper than `cap`; never
+    /// recurses deeper than `cap + 1` levels.
+    pub fn depth_capped(&self, cap: usize) -> usize {
+        if cap == 0 {
+            return 1;
+        }
+        let mut deepest = 0;
+        self.for_each_child(&mut |c| {
+            if deepest < cap {
+                deepest = deepest.max(c.depth_capped(cap - 1));
+            }
+        });
+        1 + deepest
+    }
+
+    /// The number of nodes, or a number above `cap` when there are more than `cap`.
+    pub fn nodes_capped(&self, cap: usize) -> usize {
+        let mut n = 1;
+        self.for_each_child(&mut |c| {
+            if n <= cap {
+                n += c.nodes_capped(cap - n);
+            }
+        });
+        n
     }
 
     /// The free symbols.

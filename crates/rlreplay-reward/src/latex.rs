@@ -10,12 +10,12 @@ use num_rational::BigRational;
 use num_traits::{One, Zero};
 use regex::Regex;
 
-use crate::expr::{Budget, Expr, RelOp, SetOp, Stop};
+use crate::expr::{Budget, Expr, RelOp, SetOp, Stop, MAX_TREE_DEPTH};
 
-/// Deepest nesting accepted (bounds recursion on adversarial input).
+/// Deepest recursion of the parser (bounds its stack on adversarial input).
 const MAX_DEPTH: usize = 200;
-/// Longest number literal accepted, in digits.
-const MAX_DIGITS: usize = 2000;
+/// Longest integer literal accepted, in digits (Python's default `int` conversion limit).
+const MAX_DIGITS: usize = 4300;
 
 static COMMA_NUMBER: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*$").expect("static regex"));
@@ -122,11 +122,15 @@ fn parse_with(text: &str, complex: bool, python: bool, budget: &Budget) -> Resul
     if p.pos != p.s.len() || elems.is_empty() {
         return Err(Stop::Fail);
     }
-    Ok(if elems.len() == 1 {
+    let e = if elems.len() == 1 {
         elems.into_iter().next().expect("one")
     } else {
         Expr::Set(elems)
-    })
+    };
+    if e.depth_capped(MAX_TREE_DEPTH) > MAX_TREE_DEPTH {
+        return Err(budget.bound());
+    }
+    Ok(e)
 }
 
 /// Parses a plain decimal or integer literal ("12", "-0.5", "1e3").
@@ -287,9 +291,20 @@ impl Parser<'_> {
     fn enter(&mut self) -> Result<(), Stop> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(Stop::Fail);
+            return Err(self.budget.bound());
         }
         self.budget.check()
+    }
+
+    /// `d` when it is within [`MAX_TREE_DEPTH`]; else the (counted) bound. Every loop that nests
+    /// its accumulator (postfix operators, divisions, set operations, relations) checks the depth
+    /// of what it builds, so that long chains cannot make a tree deeper than the bound.
+    fn within(&self, d: usize) -> Result<usize, Stop> {
+        if d > MAX_TREE_DEPTH {
+            Err(self.budget.bound())
+        } else {
+            Ok(d)
+        }
     }
 
     /// Comma- or semicolon-separated elements.
@@ -316,26 +331,45 @@ impl Parser<'_> {
                 return Ok(vec![a, b]);
             }
         };
+        // Tree depth of `lhs` (an upper bound), computed at the first operator.
+        let mut depth = None;
         loop {
             self.skip_ws();
             if let Some(op) = self.set_op() {
                 let rhs = self.additive()?;
+                let d = *depth.get_or_insert_with(|| depth_of(&lhs));
+                depth = Some(self.within(1 + d.max(depth_of(&rhs)))?);
                 lhs = Expr::SetOp(op, Box::new(lhs), Box::new(rhs));
                 continue;
             }
             let Some(op) = self.rel_op() else { break };
             let rhs = self.additive()?;
-            lhs = match op {
-                Rel::Op(op) => relation(op, lhs, rhs),
+            let d = *depth.get_or_insert_with(|| depth_of(&lhs));
+            let dr = depth_of(&rhs);
+            let (new, nd) = match op {
+                Rel::Op(op) => {
+                    // `relation` appends to a chain, starts one, or makes one relation.
+                    let nd = match lhs {
+                        Expr::And(_) => d.max(2 + dr),
+                        Expr::Rel(..) => 1 + d.max(1 + dr),
+                        _ => 1 + d.max(dr),
+                    };
+                    (relation(op, lhs, rhs), nd)
+                }
                 Rel::Approx => {
                     if only_symbols(&lhs) {
-                        rhs
+                        (rhs, dr)
                     } else {
-                        lhs
+                        (lhs, d)
                     }
                 }
-                Rel::In => Expr::Rel(RelOp::Eq, Box::new(lhs), Box::new(rhs)),
+                Rel::In => (
+                    Expr::Rel(RelOp::Eq, Box::new(lhs), Box::new(rhs)),
+                    1 + d.max(dr),
+                ),
             };
+            depth = Some(self.within(nd)?);
+            lhs = new;
         }
         self.depth -= 1;
         Ok(vec![lhs])
@@ -444,21 +478,44 @@ impl Parser<'_> {
 
     fn term(&mut self) -> Result<Expr, Stop> {
         let mut acc = self.unary()?;
+        // Tree depth of `acc`, computed at the first operator: a division nests it.
+        let mut depth = None;
         loop {
             self.skip_ws();
             let c = self.peek();
-            if c == Some('*') || c == Some('×') || c == Some('·') {
+            let product = if c == Some('*') || c == Some('×') || c == Some('·') {
                 self.pos += 1;
-                acc = mul(acc, self.unary()?);
+                true
             } else if c == Some('/') || c == Some('÷') || c == Some(':') {
                 self.pos += 1;
-                acc = div(acc, self.unary()?);
+                false
             } else if self.eat_cmd("cdot") || self.eat_cmd("times") || self.eat_cmd("ast") {
-                acc = mul(acc, self.unary()?);
+                true
             } else if self.eat_cmd("div") {
-                acc = div(acc, self.unary()?);
+                false
             } else {
                 return Ok(acc);
+            };
+            let rhs = self.unary()?;
+            let d = *depth.get_or_insert_with(|| depth_of(&acc));
+            let dr = depth_of(&rhs);
+            if product {
+                let nd = if matches!(acc, Expr::Mul(_)) {
+                    d.max(1 + dr)
+                } else {
+                    1 + d.max(dr)
+                };
+                depth = Some(self.within(nd)?);
+                acc = mul(acc, rhs);
+            } else {
+                acc = div(acc, rhs);
+                // A folded rational, or `acc · rhs^-1`.
+                let nd = if matches!(acc, Expr::Num(_)) {
+                    1
+                } else {
+                    1 + d.max(2 + dr)
+                };
+                depth = Some(self.within(nd)?);
             }
         }
     }
@@ -559,26 +616,38 @@ impl Parser<'_> {
 
     fn postfix(&mut self) -> Result<Expr, Stop> {
         let mut base = self.atom()?;
+        // Tree depth of `base`, computed at the first operator: each one nests it.
+        let mut depth = None;
         loop {
             self.skip_ws();
             match self.peek() {
                 Some('!') if self.s.get(self.pos + 1) != Some(&'=') => {
                     self.pos += 1;
+                    let d = *depth.get_or_insert_with(|| depth_of(&base));
+                    depth = Some(self.within(d + 1)?);
                     base = Expr::Func("factorial".into(), vec![base]);
                 }
                 Some('^') => {
                     self.pos += 1;
                     match self.superscript()? {
-                        Some(e) => base = Expr::Pow(Box::new(base), Box::new(e)),
+                        Some(e) => {
+                            let d = *depth.get_or_insert_with(|| depth_of(&base));
+                            depth = Some(self.within(1 + d.max(depth_of(&e)))?);
+                            base = Expr::Pow(Box::new(base), Box::new(e));
+                        }
                         None => continue,
                     }
                 }
                 Some('%') => {
                     self.pos += 1;
+                    let d = *depth.get_or_insert_with(|| depth_of(&base));
+                    depth = Some(self.within(d + 1)?);
                     base = Expr::Pct(Box::new(base));
                 }
                 Some('\\') if self.rest_starts("\\%") => {
                     self.pos += 2;
+                    let d = *depth.get_or_insert_with(|| depth_of(&base));
+                    depth = Some(self.within(d + 1)?);
                     base = Expr::Pct(Box::new(base));
                 }
                 Some('\\') if self.rest_starts("\\circ") => {
@@ -1022,6 +1091,11 @@ impl Parser<'_> {
         }
         Ok(Expr::Matrix(rows))
     }
+}
+
+/// The tree depth of `e`, capped just above [`MAX_TREE_DEPTH`].
+fn depth_of(e: &Expr) -> usize {
+    e.depth_capped(MAX_TREE_DEPTH)
 }
 
 fn apply_pow(f: Expr, pow: Option<Expr>) -> Expr {

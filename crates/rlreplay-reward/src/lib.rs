@@ -81,6 +81,10 @@ pub struct Verdict {
     pub timed_out: bool,
     /// No answer could be extracted from the gold text (the verdict is then `false`).
     pub gold_unparsed: bool,
+    /// A nesting or size bound was reached (a gold text over [`Limits::max_bytes`], an
+    /// expression nested deeper than the parser's bounds): the text at hand counted as
+    /// unparsable, as math-verify's recursion errors do. The reward path grades such answers 0.
+    pub bounded: bool,
 }
 
 impl Verdict {
@@ -169,13 +173,16 @@ fn run(gold: &str, pred: &str, mode: Mode, b: &Budget) -> Result<(bool, bool), S
 
 /// Grades `pred` against `gold` in `mode` within `limits`. Never panics.
 pub fn verify(gold: &str, pred: &str, mode: Mode, limits: &Limits) -> Verdict {
-    let unparsed = Verdict {
+    let mut verdict = Verdict {
         correct: false,
         timed_out: false,
-        gold_unparsed: true,
+        gold_unparsed: false,
+        bounded: false,
     };
     if gold.len() > limits.max_bytes {
-        return unparsed;
+        verdict.gold_unparsed = true;
+        verdict.bounded = true;
+        return verdict;
     }
     let pred = tail(pred, limits.max_bytes);
     let budget = Budget::new(Instant::now() + limits.time);
@@ -183,22 +190,15 @@ pub fn verify(gold: &str, pred: &str, mode: Mode, limits: &Limits) -> Verdict {
         run(gold, pred, mode, &budget)
     }));
     match outcome {
-        Ok(Ok((correct, gold_unparsed))) => Verdict {
-            correct,
-            timed_out: false,
-            gold_unparsed,
-        },
-        Ok(Err(Stop::Timeout)) => Verdict {
-            correct: false,
-            timed_out: true,
-            gold_unparsed: false,
-        },
-        Ok(Err(Stop::Fail)) | Err(_) => Verdict {
-            correct: false,
-            timed_out: false,
-            gold_unparsed: false,
-        },
+        Ok(Ok((correct, gold_unparsed))) => {
+            verdict.correct = correct;
+            verdict.gold_unparsed = gold_unparsed;
+        }
+        Ok(Err(Stop::Timeout)) => verdict.timed_out = true,
+        Ok(Err(Stop::Fail)) | Err(_) => {}
     }
+    verdict.bounded = budget.bounds_hit() > 0;
+    verdict
 }
 
 /// Grades many `(gold, pred)` pairs in parallel (rayon); verdicts come back in input order.

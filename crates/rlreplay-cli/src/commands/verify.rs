@@ -89,14 +89,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let correct = verdicts.iter().filter(|v| v.correct).count();
     let timeouts = verdicts.iter().filter(|v| v.timed_out).count();
     let unparsed = verdicts.iter().filter(|v| v.gold_unparsed).count();
+    let bounded = verdicts.iter().filter(|v| v.bounded).count();
     eprintln!(
-        "{} answers ({:?} mode): {} correct, {} incorrect ({} timed out, {} gold unparsable); {:.3} s, {:.0} answers/s",
+        "{} answers ({:?} mode): {} correct, {} incorrect ({} timed out, {} gold unparsable, {} over a nesting or size bound); {:.3} s, {:.0} answers/s",
         verdicts.len(),
         args.mode,
         correct,
         verdicts.len() - correct,
         timeouts,
         unparsed,
+        bounded,
         secs,
         verdicts.len() as f64 / secs.max(1e-9),
     );
