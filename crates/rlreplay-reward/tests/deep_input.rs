@@ -90,7 +90,7 @@ fn flat_chains_stay_gradable() {
     // Sums, products and lists are flat: long ones are no bound.
     let v = on_small_stack(|| {
         verify(
-            &"1".repeat(1),
+            "1",
             &format!("\\boxed{{{}1}}", "1\\cdot ".repeat(3000)),
             Mode::Maxrl,
             &limits(),
