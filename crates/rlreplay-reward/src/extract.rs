@@ -153,6 +153,14 @@ static COMPLEX: LazyLock<Regex> = LazyLock::new(|| {
     )
 });
 
+/// Compiles the extraction and normalisation regexes now (they are built on first use).
+pub(crate) fn compile_regexes() {
+    LazyLock::force(&LATEX_RES);
+    LazyLock::force(&EXPR_RES);
+    LazyLock::force(&COMPLEX);
+    crate::normalize::compile_regexes();
+}
+
 fn looks_complex(s: &str) -> bool {
     COMPLEX.is_match(s).unwrap_or(false)
 }

@@ -243,6 +243,20 @@ static MALFORMED: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
     ]
 });
 
+/// Compiles the normalisation regexes now (they are built on first use).
+pub(crate) fn compile_regexes() {
+    LazyLock::force(&R_LEFT);
+    LazyLock::force(&R_RIGHT);
+    LazyLock::force(&UNITS_RE);
+    LazyLock::force(&TO_REMOVE);
+    LazyLock::force(&TO_REPLACE_RE);
+    LazyLock::force(&COMMAND_SLASH_FIX);
+    LazyLock::force(&PERMUTATION);
+    LazyLock::force(&UNIT_SUPERSCRIPT);
+    LazyLock::force(&VALID_SEPARATOR);
+    LazyLock::force(&MALFORMED);
+}
+
 /// Replaces every match of a lookaround regex by the result of `f`.
 fn fancy_replace_all(
     re: &FRegex,
