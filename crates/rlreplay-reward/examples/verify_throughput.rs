@@ -74,8 +74,19 @@ fn main() -> Result<(), String> {
             if Some(v.correct) != *e {
                 bad += 1;
                 if bad <= show {
-                    let tail: String = p.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect();
-                    println!("  math-verify={} rlreplay={} gold={g:?} pred=…{tail:?}", e.unwrap_or(false), v.correct);
+                    let tail: String = p
+                        .chars()
+                        .rev()
+                        .take(160)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    println!(
+                        "  math-verify={} rlreplay={} gold={g:?} pred=…{tail:?}",
+                        e.unwrap_or(false),
+                        v.correct
+                    );
                 }
             }
         }
