@@ -7,6 +7,10 @@ use crate::error::{AlgoError, Result};
 use crate::layout::Rows;
 use crate::metrics::{insert_stats, Metrics};
 
+/// The estimators of [`AdvEstimator::binarizes_scores`] count a score above this as a success
+/// inside their formulas (the reference's `s > 0.5`); it is not `success_reward_threshold`.
+pub const ESTIMATOR_BINARY_THRESHOLD: f64 = 0.5;
+
 /// ε of GRPO's std and MaxRL's mean denominators.
 pub const EPS: f64 = 1e-6;
 
@@ -131,10 +135,7 @@ pub fn compute_advantages<S: AsRef<str>>(
             *x = 0.0;
         }
     }
-    if matches!(
-        cfg.adv_estimator,
-        AdvEstimator::ReinforcePlusPlus | AdvEstimator::ReinforcePlusPlusBaseline
-    ) {
+    if cfg.adv_estimator.token_level() {
         for (i, a) in row_adv.iter_mut().enumerate() {
             let r = rows.range(i);
             *a = r.clone().find(|&t| valid[t]).map_or(0.0, |t| tokens[t]);
@@ -283,7 +284,8 @@ fn group_advantages(
 ) -> Result<Vec<f64>> {
     let n = s.len();
     let mu = if n == 1 { 0.0 } else { mean(s) };
-    let binary: Vec<bool> = s.iter().map(|&x| x > 0.5).collect();
+    // The reference's binarisation, part of these estimators' formulas (algorithms.md §3).
+    let binary: Vec<bool> = s.iter().map(|&x| x > ESTIMATOR_BINARY_THRESHOLD).collect();
     let c = binary.iter().filter(|&&b| b).count();
     Ok(match est {
         AdvEstimator::Grpo => {

@@ -160,6 +160,108 @@ registry!(
     Verl => "verl",
 });
 
+/// How the per-token loss of a [`LossMode`] is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyObjective {
+    /// `−Â·ℓ` (times IS weights): the gradient does not depend on ℓ_old.
+    Reinforce,
+    /// PPO's clipped `−Â·ρ` with `ρ = exp(ℓ − ℓ_old)`, asymmetric bounds and dual clip.
+    ClippedRatio,
+}
+
+/// Which teacher/student log ratio reweights the token advantages of an RLSD-family loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TeacherRatio {
+    /// `ℓ_teacher − ℓ_student` on every row with a teacher context (`rlsd`).
+    TeacherOverStudent,
+    /// `ℓ_student − ℓ_teacher`, only on correct rows (`rlrt`).
+    StudentOverTeacherOnCorrect,
+}
+
+/// Every property of a loss mode, decided here and nowhere else: a new mode adds its arm to each
+/// exhaustive match below and the compiler finds the rest.
+impl LossMode {
+    /// How the per-token loss is formed.
+    pub fn objective(self) -> PolicyObjective {
+        match self {
+            LossMode::Reinforce => PolicyObjective::Reinforce,
+            LossMode::Ppo | LossMode::Rlsd | LossMode::Rlrt => PolicyObjective::ClippedRatio,
+        }
+    }
+
+    /// The teacher log ratio that reweights the advantages; `None` for a loss without a teacher.
+    pub fn teacher_ratio(self) -> Option<TeacherRatio> {
+        match self {
+            LossMode::Reinforce | LossMode::Ppo => None,
+            LossMode::Rlsd => Some(TeacherRatio::TeacherOverStudent),
+            LossMode::Rlrt => Some(TeacherRatio::StudentOverTeacherOnCorrect),
+        }
+    }
+
+    /// Whether the loss needs teacher log-probs (and so a teacher and teacher contexts).
+    pub fn needs_teacher(self) -> bool {
+        self.teacher_ratio().is_some()
+    }
+
+    /// Whether the loss uses the ratio `π/π_old` (and so ℓ_old once the policy has moved).
+    pub fn uses_ratio(self) -> bool {
+        self.objective() == PolicyObjective::ClippedRatio
+    }
+
+    /// Whether the loss needs per-row correctness (`score ≥ success_reward_threshold`).
+    pub fn needs_correctness(self) -> bool {
+        self.teacher_ratio() == Some(TeacherRatio::StudentOverTeacherOnCorrect)
+    }
+
+    /// Whether ℓ_old must be computed before the update: a ratio loss taking more than one
+    /// optimizer step on the batch (the first step's ratio is 1 without it).
+    pub fn needs_old_logprobs(self, optimizer_steps: usize) -> bool {
+        self.uses_ratio() && optimizer_steps > 1
+    }
+}
+
+impl AdvEstimator {
+    /// Whether the estimator's formula binarises the scores itself (`s > 0.5`, the reference's
+    /// rule, algorithms.md §3). This is part of those estimators, not the notion of success, which
+    /// is `score ≥ success_reward_threshold` everywhere else.
+    pub fn binarizes_scores(self) -> bool {
+        match self {
+            AdvEstimator::Pkpo
+            | AdvEstimator::Maclaurin
+            | AdvEstimator::MaclaurinBaseline
+            | AdvEstimator::CrossFittedMaclaurin
+            | AdvEstimator::OversampleSubsetVr
+            | AdvEstimator::VrCond => true,
+            AdvEstimator::Grpo
+            | AdvEstimator::Rloo
+            | AdvEstimator::Maxrl
+            | AdvEstimator::ReinforcePlusPlus
+            | AdvEstimator::ReinforcePlusPlusBaseline
+            | AdvEstimator::Opo
+            | AdvEstimator::GrpoPassk => false,
+        }
+    }
+
+    /// Whether the estimator gives per-token values (discounted returns or batch whitening)
+    /// rather than one value per row from its group.
+    pub fn token_level(self) -> bool {
+        match self {
+            AdvEstimator::ReinforcePlusPlus | AdvEstimator::ReinforcePlusPlusBaseline => true,
+            AdvEstimator::Grpo
+            | AdvEstimator::Rloo
+            | AdvEstimator::Maxrl
+            | AdvEstimator::Opo
+            | AdvEstimator::GrpoPassk
+            | AdvEstimator::Pkpo
+            | AdvEstimator::Maclaurin
+            | AdvEstimator::MaclaurinBaseline
+            | AdvEstimator::CrossFittedMaclaurin
+            | AdvEstimator::OversampleSubsetVr
+            | AdvEstimator::VrCond => false,
+        }
+    }
+}
+
 /// A rejection-sampling threshold: a number, or a string (`"u"`, `"lower_upper"`, or one such
 /// entry per option separated by commas).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -235,7 +337,9 @@ pub struct AlgoConfig {
     pub token_reweight_decay_steps: Option<i64>,
     /// 1-based training step (for the λ decay).
     pub global_step: Option<u64>,
-    /// Score at or above which a rollout counts as correct (`rlrt`).
+    /// Score at or above which a rollout counts as a success: `rlrt`'s correct rows, the RLSD
+    /// contexts' successful siblings, the `drop_solve_*` filters and every success/failure split
+    /// in metrics. (The estimators of [`AdvEstimator::binarizes_scores`] keep their own `s > 0.5`.)
     pub success_reward_threshold: f64,
 }
 
@@ -417,5 +521,55 @@ impl AlgoConfig {
             self.token_reweight_decay_steps,
             self.global_step,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards that every loss mode's properties are decided in one place (the drift that sent
+    /// every mode but REINFORCE down the PPO branch through a catch-all arm): each registered
+    /// mode has the properties of the table.
+    #[test]
+    fn every_loss_mode_declares_its_properties() {
+        // (name, uses the ratio, needs a teacher, needs correctness)
+        let table = [
+            ("ppo", true, false, false),
+            ("reinforce", false, false, false),
+            ("rlsd", true, true, false),
+            ("rlrt", true, true, true),
+        ];
+        assert_eq!(LossMode::NAMES.len(), table.len());
+        for (name, ratio, teacher, correct) in table {
+            let m = LossMode::from_name(name).unwrap();
+            assert_eq!(m.uses_ratio(), ratio, "{name}");
+            assert_eq!(m.needs_teacher(), teacher, "{name}");
+            assert_eq!(m.needs_correctness(), correct, "{name}");
+            assert!(!m.needs_old_logprobs(1), "{name}");
+            assert_eq!(m.needs_old_logprobs(2), ratio, "{name}");
+        }
+    }
+
+    #[test]
+    fn estimator_properties() {
+        let binarizing: Vec<&str> = AdvEstimator::NAMES
+            .iter()
+            .copied()
+            .filter(|n| AdvEstimator::from_name(n).unwrap().binarizes_scores())
+            .collect();
+        assert_eq!(
+            binarizing,
+            [
+                "maclaurin",
+                "maclaurin_baseline",
+                "cross_fitted_maclaurin",
+                "oversample_subset_vr",
+                "vr_cond",
+                "pkpo"
+            ]
+        );
+        assert!(AdvEstimator::ReinforcePlusPlus.token_level());
+        assert!(!AdvEstimator::Maxrl.token_level());
     }
 }

@@ -14,10 +14,10 @@ pub mod loss;
 pub mod metrics;
 pub mod rlsd;
 
-pub use advantage::{compute_advantages, Advantages};
+pub use advantage::{compute_advantages, Advantages, ESTIMATOR_BINARY_THRESHOLD};
 pub use config::{
     AdvEstimator, AggMode, AggNormalizer, AlgoConfig, IsLevel, IsMode, KlType, LossMode,
-    RsThreshold, SingletonPolicy,
+    PolicyObjective, RsThreshold, SingletonPolicy, TeacherRatio,
 };
 pub use correction::{off_policy_metrics, rollout_correction, RolloutCorrection};
 pub use error::{AlgoError, Result};

@@ -1,7 +1,7 @@
 //! Policy losses with their per-token gradients, aggregated with normalisers fixed over the
 //! whole mini-batch.
 
-use crate::config::{AggMode, AggNormalizer, AlgoConfig, KlType, LossMode};
+use crate::config::{AggMode, AggNormalizer, AlgoConfig, KlType, PolicyObjective, TeacherRatio};
 use crate::correction::{bypass_weights, SAFETY_BOUND};
 use crate::error::{AlgoError, Result};
 use crate::layout::Rows;
@@ -257,13 +257,13 @@ pub(crate) fn evaluate(cfg: &AlgoConfig, f: &Frozen, logprobs: &[f64]) -> Eval {
             continue;
         }
         let w_is = f.is_w.as_ref().map_or(1.0, |w| w[t]);
-        let (l, d) = match cfg.loss_mode {
-            LossMode::Reinforce => {
+        let (l, d) = match cfg.loss_mode.objective() {
+            PolicyObjective::Reinforce => {
                 let base = f.behaviour.as_ref().map_or(f.old[t], |b| b[t]);
                 e.ppo_kl += base - logprobs[t];
                 (-f.adv[t] * logprobs[t], -f.adv[t])
             }
-            _ => {
+            PolicyObjective::ClippedRatio => {
                 let (l, d, cl, cl_lo) = ppo_token(f.adv[t], logprobs[t], f.old[t], lo, hi, c);
                 e.clipped += usize::from(cl);
                 e.clipped_lower += usize::from(cl_lo);
@@ -307,7 +307,7 @@ pub fn policy_loss(cfg: &AlgoConfig, norm: &Normalizer, mb: &MicroBatch) -> Resu
     let nv = valid_tokens.max(1) as f64;
     m.insert("actor/pg_loss".into(), e.pg);
     m.insert("actor/ppo_kl".into(), e.ppo_kl);
-    if cfg.loss_mode != LossMode::Reinforce {
+    if cfg.loss_mode.uses_ratio() {
         m.insert("actor/pg_clipfrac".into(), e.clipped as f64 / nv);
         m.insert(
             "actor/pg_clipfrac_lower".into(),
@@ -327,7 +327,7 @@ pub fn policy_loss(cfg: &AlgoConfig, norm: &Normalizer, mb: &MicroBatch) -> Resu
             &mut m,
             cfg.token_reweight_lambda_now(),
             cfg.token_reweight_eps_w,
-            cfg.loss_mode == LossMode::Rlrt,
+            cfg.loss_mode.needs_correctness(),
             rows,
         );
     }
@@ -390,8 +390,8 @@ pub(crate) fn prepare(
         mb.old_logprobs.unwrap_or(mb.logprobs).to_vec()
     };
     let is_w = if cfg.bypass_mode {
-        match (cfg.loss_mode, cfg.rollout_is) {
-            (LossMode::Reinforce, Some(level)) => {
+        match (cfg.loss_mode.objective(), cfg.rollout_is) {
+            (PolicyObjective::Reinforce, Some(level)) => {
                 let delta: Vec<f64> = mb.logprobs.iter().zip(&old).map(|(a, b)| a - b).collect();
                 Some(bypass_weights(cfg, level, &rows, &delta, &valid))
             }
@@ -411,8 +411,8 @@ pub(crate) fn prepare(
     };
     let mut adv = mb.token_advantages.to_vec();
     let mut info = None;
-    if matches!(cfg.loss_mode, LossMode::Rlsd | LossMode::Rlrt) {
-        let reversed = cfg.loss_mode == LossMode::Rlrt;
+    if let Some(ratio) = cfg.loss_mode.teacher_ratio() {
+        let reversed = ratio == TeacherRatio::StudentOverTeacherOnCorrect;
         let teacher = mb
             .teacher_logprobs
             .ok_or_else(|| missing("loss_mode rlsd/rlrt needs teacher_logprobs"))?;

@@ -199,6 +199,13 @@ struct Packed {
     offsets: Vec<usize>,
 }
 
+/// Counts the new tokens of a forward call (sequence boundaries `offsets`) into their caches.
+fn commit(caches: &mut [&mut KvCache], offsets: &[usize]) {
+    for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
+        cache.len += se[1] - se[0];
+    }
+}
+
 /// A tensor's elements as an f32 vector.
 fn host_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
@@ -506,9 +513,7 @@ impl Decoder {
             decode::swiglu(&mut m, &gu, inter);
             decode::linear(&mut x, true, &m, t, &lw.down, hs)?;
         }
-        for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
-            cache.len += se[1] - se[0];
-        }
+        commit(caches, offsets);
         let mut last = vec![0f32; b * hs];
         for (row, &end) in last.chunks_exact_mut(hs).zip(&offsets[1..]) {
             row.copy_from_slice(&x[(end - 1) * hs..end * hs]);
@@ -529,11 +534,7 @@ impl Decoder {
         packed: &Packed,
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
-        let Packed {
-            ids,
-            positions,
-            offsets,
-        } = packed;
+        let (ids, offsets) = (&packed.ids, &packed.offsets);
         if ids.is_empty() {
             return Ok(Tensor::zeros(
                 (0, cfg.vocab_size),
@@ -543,18 +544,16 @@ impl Decoder {
         }
         let ids_t = Tensor::new(ids.as_slice(), &self.device)?;
         let mut x = w.embed.index_select(&ids_t, 0)?;
-        let tables = self
-            .rotary
-            .tables(positions.iter().copied(), self.dtype, &self.device)?;
+        let tables =
+            self.rotary
+                .tables(packed.positions.iter().copied(), self.dtype, &self.device)?;
         let ctx = LayerCtx::new(cfg, &tables);
         for (l, layer) in w.layers.iter().enumerate() {
             x = layer.forward(&x, &ctx, |q, k, v| {
                 self.cached_attention(l, caches, offsets, q, k, v)
             })?;
         }
-        for (cache, se) in caches.iter_mut().zip(offsets.windows(2)) {
-            cache.len += se[1] - se[0];
-        }
+        commit(caches, offsets);
         let last: Vec<u32> = offsets[1..].iter().map(|&o| (o - 1) as u32).collect();
         let last = Tensor::new(last.as_slice(), &self.device)?;
         let h = x.index_select(&last, 0)?;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use rlreplay_algo::AlgoConfig;
 pub use rlreplay_train::config::SelfDistillationSection;
-use rlreplay_train::config::{apply_override, uses_teacher, Dtype, OptimSection};
+use rlreplay_train::config::{edit_document, uses_teacher, Dtype, OptimSection};
 pub use rlreplay_train::teacher::TeacherRegularization;
 use serde::{Deserialize, Serialize};
 
@@ -264,6 +264,12 @@ impl Default for TrainerSection {
     }
 }
 
+/// Keys that moved, `(old, new)`: they keep working for one release, with a warning.
+pub const ONLINE_MOVED: &[(&str, &str)] = &[(
+    "self_distillation.success_reward_threshold",
+    "algorithm.success_reward_threshold",
+)];
+
 impl OnlineConfig {
     /// Reads a configuration file and applies `section.key=value` overrides (values parsed as
     /// TOML, or taken as strings when they are not valid TOML).
@@ -275,13 +281,17 @@ impl OnlineConfig {
 
     /// Parses configuration text and applies overrides.
     pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
-        let mut doc: toml::Table = toml::from_str(text)?;
-        for o in overrides {
-            apply_override(&mut doc, o)?;
-        }
-        let cfg: OnlineConfig = toml::from_str(&toml::to_string(&doc)?)?;
+        Ok(Self::parse_reporting(text, overrides)?.0)
+    }
+
+    /// [`OnlineConfig::parse`], with the deprecation warnings of moved keys ([`ONLINE_MOVED`]).
+    pub fn parse_reporting(text: &str, overrides: &[String]) -> Result<(Self, Vec<String>)> {
+        let (edited, warnings) = edit_document(text, overrides, ONLINE_MOVED)?;
+        let mut cfg: OnlineConfig = toml::from_str(&edited)?;
+        cfg.self_distillation.context.success_reward_threshold =
+            cfg.algorithm.success_reward_threshold;
         cfg.validate()?;
-        Ok(cfg)
+        Ok((cfg, warnings))
     }
 
     /// Whether the loss needs a teacher (`rlsd` / `rlrt`).

@@ -19,17 +19,19 @@ use rlreplay_algo::AlgoConfig;
 use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
 use rlreplay_model::generate::Decoder;
-use rlreplay_model::TOKENIZER_FILES;
 use rlreplay_model::{AdamW, AdamWConfig, Device, LrSchedule, Model, SeqPair};
 use rlreplay_reward::{RewardDispatch, RewardOutcome};
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_sampling::engine::{generate, Generation};
 use rlreplay_sampling::sampling::SamplingParams;
 use rlreplay_train::context::rollout_teacher_prompts;
-use rlreplay_train::rundir::{latest_checkpoint, write_atomic, Metrics, RunDir, TRAINER_STATE};
+use rlreplay_train::rundir::{
+    check_resumed_config, latest_checkpoint, refuse_existing_run, write_atomic, Metrics, RunDir,
+    TRAINER_STATE,
+};
 use rlreplay_train::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
 use rlreplay_train::trainer::{with_threads, OPTIMIZER_STATE};
-use rlreplay_train::update::{stats, update, TeacherInputs, UpdateSettings};
+use rlreplay_train::update::{perf_metrics, stats, update, TeacherInputs, UpdateSettings};
 use serde::{Deserialize, Serialize};
 
 use crate::config::OnlineConfig;
@@ -161,8 +163,6 @@ fn step_seed(seed: u64, step: u64, purpose: u64) -> u64 {
 pub struct Trainer {
     cfg: OnlineConfig,
     out: PathBuf,
-    /// The initial model's directory: the tokenizer files of every saved model come from it.
-    initial: PathBuf,
     chat: ChatTokenizer,
     train: Vec<Prompt>,
     val: Vec<Prompt>,
@@ -183,6 +183,25 @@ impl Trainer {
     pub fn new(opts: &RunOptions) -> Result<Self> {
         let cfg = opts.config.clone();
         let out = opts.out.clone();
+        if opts.resume {
+            let comparable = |c: &OnlineConfig| {
+                let mut c = c.clone();
+                c.trainer.save_freq = 0;
+                c.trainer.keep = 0;
+                c.trainer.dir = None;
+                c
+            };
+            let parse = |t: &str| OnlineConfig::parse(t, &[]);
+            check_resumed_config(
+                &out,
+                &cfg,
+                parse,
+                comparable,
+                "[trainer] save_freq, keep, dir",
+            )?;
+        } else {
+            refuse_existing_run(&out)?;
+        }
         fs::create_dir_all(out.join("results"))
             .with_context(|| format!("cannot create run directory {}", out.display()))?;
         let dtype = cfg.model.dtype.candle();
@@ -219,17 +238,6 @@ impl Trainer {
         } else {
             None
         };
-        if !opts.resume
-            && out
-                .join("checkpoints")
-                .join("latest_checkpointed_iteration.txt")
-                .exists()
-        {
-            bail!(
-                "{} already holds a run; pass --resume to continue it or choose another directory",
-                out.display()
-            );
-        }
         let (mut policy, state, opt_path) = match &resume {
             Some((step, dir)) => {
                 let text = fs::read_to_string(dir.join(TRAINER_STATE))?;
@@ -242,11 +250,11 @@ impl Trainer {
                         state.global_step
                     );
                 }
-                (
-                    Model::load(dir, dtype, &device)?,
-                    state,
-                    Some(dir.join(OPTIMIZER_STATE)),
-                )
+                let mut policy = Model::load(dir, dtype, &device)?;
+                // Tokenizer files come from the initial model: checkpoint rotation removes the
+                // checkpoint this model was loaded from.
+                policy.set_source_dir(Some(initial.clone()));
+                (policy, state, Some(dir.join(OPTIMIZER_STATE)))
             }
             None => (
                 Model::load(&initial, dtype, &device)?,
@@ -276,7 +284,8 @@ impl Trainer {
                 (Some((_, d)), TeacherRegularization::Ema) => d.join(EMA_TEACHER),
                 _ => initial.clone(),
             };
-            let model = Model::load(&dir, dtype, &device)?;
+            let mut model = Model::load(&dir, dtype, &device)?;
+            model.set_source_dir(Some(initial.clone()));
             Some(Teacher::new(
                 model,
                 sd.teacher_regularization,
@@ -300,7 +309,6 @@ impl Trainer {
         let t = Self {
             cfg,
             out,
-            initial,
             chat,
             train,
             val,
@@ -330,19 +338,6 @@ impl Trainer {
     /// The trainer state.
     pub fn state(&self) -> &TrainerState {
         &self.state
-    }
-
-    /// Saves `model` in the Hugging Face layout with the initial model's tokenizer files (a resumed
-    /// model's own source directory may have been rotated away).
-    fn save_model(&self, model: &Model, dir: &Path) -> Result<()> {
-        model.save_hf(dir)?;
-        for f in TOKENIZER_FILES {
-            let (src, dst) = (self.initial.join(f), dir.join(f));
-            if src.is_file() && !dst.is_file() {
-                fs::copy(&src, &dst).with_context(|| format!("copying {}", src.display()))?;
-            }
-        }
-        Ok(())
     }
 
     /// Appends a line to `run.log`.
@@ -463,7 +458,7 @@ impl Trainer {
             self.state.best = Some((step, mean));
             // The best policy goes to the run root (HF layout) once its step is checkpointed.
             let tmp = self.out.join(".best-candidate");
-            self.save_model(&self.policy, &tmp)?;
+            self.policy.save_hf(&tmp)?;
             write_atomic(&tmp.join("step.txt"), format!("{step}\n").as_bytes())?;
         }
         self.log(&format!(
@@ -500,14 +495,15 @@ impl Trainer {
             .filter(|t| t.regularization() == TeacherRegularization::Ema)
             .map(Teacher::model);
         let dir = self.run.save_checkpoint(step, self.cfg.trainer.keep, |d| {
-            self.save_model(&self.policy, d)?;
+            self.policy.save_hf(d)?;
             self.opt.save(d.join(OPTIMIZER_STATE))?;
             if let Some(t) = ema {
-                self.save_model(t, &d.join(EMA_TEACHER))?;
+                t.save_hf(&d.join(EMA_TEACHER))?;
             }
             write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
         })?;
-        self.save_model(&self.policy, &self.out.join("checkpoints").join("last"))?;
+        self.policy
+            .save_hf(self.out.join("checkpoints").join("last"))?;
         // Promote the best candidate once a checkpoint at or after its step exists.
         let cand = self.out.join(".best-candidate");
         if cand.join("step.txt").is_file() {
@@ -627,7 +623,7 @@ impl Trainer {
             (Some(t), Some(p)) => Some(TeacherInputs {
                 teacher: t,
                 prompts: p,
-                success_threshold: cfg.self_distillation.context.success_reward_threshold,
+                success_threshold: cfg.algorithm.success_reward_threshold,
             }),
             _ => None,
         };
@@ -652,16 +648,10 @@ impl Trainer {
         stats(&mut metrics, "response_length", &resp);
         let scores: Vec<f64> = batch.scores.iter().map(|&s| f64::from(s)).collect();
         stats(&mut metrics, "critic/score", &scores);
-        let tokens = (batch.prompt_tokens.len() + batch.response_tokens.len()) as f64;
+        let tokens = (batch.prompt_tokens.len() + batch.response_tokens.len()) as u64;
         let secs = started.elapsed().as_secs_f64();
-        metrics.insert("perf/total_num_tokens".into(), tokens);
-        metrics.insert("perf/time_per_step".into(), secs);
-        metrics.insert("perf/throughput".into(), tokens / secs.max(1e-9));
+        perf_metrics(&mut metrics, tokens, secs, self.state.skipped_updates);
         metrics.insert("train/epoch".into(), sampler.epoch as f64);
-        metrics.insert(
-            "train/skipped_updates_total".into(),
-            self.state.skipped_updates as f64,
-        );
         metrics.insert(
             "reward/errors_total".into(),
             self.state.reward_errors as f64,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rlreplay_algo::{AlgoConfig, LossMode};
+use rlreplay_algo::AlgoConfig;
 use rlreplay_data::StepRange;
 use rlreplay_model::{AdamWConfig, DType, LrSchedule};
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,9 @@ pub struct ReplayConfig {
     /// Which rollouts each trainer step consumes, in which order.
     #[serde(default)]
     pub schedule: ScheduleSection,
+    /// How the logged rollouts were sampled (the temperature of every log-prob).
+    #[serde(default)]
+    pub rollout: RolloutSection,
     /// Advantage estimator, policy loss, rollout correction (the keys of `rlreplay compute`).
     #[serde(default)]
     pub algorithm: AlgorithmSection,
@@ -237,12 +240,27 @@ impl Default for ScheduleSection {
     }
 }
 
-/// `[algorithm]`: `temperature` plus every key of the algorithm layer's configuration.
+/// `[rollout]` of a replay: how the logged rollouts were sampled. The key means what it means in
+/// `rlreplay train`'s `[rollout]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AlgorithmSection {
-    /// Sampling temperature the log-probs are computed at.
+#[serde(deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Sampling temperature of the rollouts, the temperature every log-prob is computed at.
     #[serde(default = "default_temperature")]
     pub temperature: f64,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        Self {
+            temperature: default_temperature(),
+        }
+    }
+}
+
+/// `[algorithm]`: every key of the algorithm layer's configuration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AlgorithmSection {
     /// The algorithm layer's keys (`adv_estimator`, `loss_mode`, ...), validated by it.
     #[serde(flatten)]
     pub params: toml::Table,
@@ -258,15 +276,6 @@ impl AlgorithmSection {
             bail!("[algorithm] use_kl_loss = true: replay has no reference policy");
         }
         Ok(algo)
-    }
-}
-
-impl Default for AlgorithmSection {
-    fn default() -> Self {
-        Self {
-            temperature: 1.0,
-            params: toml::Table::new(),
-        }
     }
 }
 
@@ -303,8 +312,10 @@ impl Default for SelfDistillationSection {
 }
 
 impl SelfDistillationSection {
-    /// Checks value ranges.
+    /// Checks value ranges and the templates (an unknown placeholder is an error here, at load,
+    /// instead of a teacher context dropped on every row).
     pub fn validate(&self) -> Result<()> {
+        self.context.validate()?;
         if !(0.0..=1.0).contains(&self.teacher_update_rate) {
             bail!(
                 "[self_distillation] teacher_update_rate = {}: must lie in [0, 1]",
@@ -320,7 +331,7 @@ impl SelfDistillationSection {
 
 /// Whether `loss_mode` needs teacher log-probs (`rlsd` / `rlrt`).
 pub fn uses_teacher(algo: &AlgoConfig) -> bool {
-    matches!(algo.loss_mode, LossMode::Rlsd | LossMode::Rlrt)
+    algo.loss_mode.needs_teacher()
 }
 
 /// Learning-rate schedule.
@@ -519,20 +530,29 @@ impl ReplayConfig {
         Self::parse(&text, overrides).with_context(|| format!("in config {}", path.display()))
     }
 
+    /// [`ReplayConfig::load`], with the deprecation warnings of moved keys.
+    pub fn load_reporting(path: &Path, overrides: &[String]) -> Result<(Self, Vec<String>)> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        Self::parse_reporting(&text, overrides)
+            .with_context(|| format!("in config {}", path.display()))
+    }
+
     /// Parses configuration text and applies overrides (see [`ReplayConfig::load`]).
     pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
-        let mut doc: toml::Table = toml::from_str(text)?;
-        for o in overrides {
-            apply_override(&mut doc, o)?;
-        }
-        // Re-parse the edited document as text: errors then carry the offending key and line.
-        let edited = toml::to_string(&doc)?;
+        Ok(Self::parse_reporting(text, overrides)?.0)
+    }
+
+    /// [`ReplayConfig::parse`], with the deprecation warnings of moved keys ([`REPLAY_MOVED`]).
+    pub fn parse_reporting(text: &str, overrides: &[String]) -> Result<(Self, Vec<String>)> {
+        let (edited, warnings) = edit_document(text, overrides, REPLAY_MOVED)?;
         let mut cfg: ReplayConfig = toml::from_str(&edited)?;
         cfg.validate()?;
         // Write every key of the algorithm layer out, defaults included.
         let algo = cfg.algorithm.algo_config()?;
         cfg.algorithm.params = toml::Table::try_from(&algo)?;
-        Ok(cfg)
+        cfg.self_distillation.context.success_reward_threshold = algo.success_reward_threshold;
+        Ok((cfg, warnings))
     }
 
     /// Checks value ranges that the types alone do not express.
@@ -549,10 +569,10 @@ impl ReplayConfig {
             );
         }
         self.self_distillation.validate()?;
-        if !(self.algorithm.temperature > 0.0 && self.algorithm.temperature.is_finite()) {
+        if !(self.rollout.temperature > 0.0 && self.rollout.temperature.is_finite()) {
             bail!(
-                "[algorithm] temperature = {}: must be a positive number",
-                self.algorithm.temperature
+                "[rollout] temperature = {}: must be a positive number",
+                self.rollout.temperature
             );
         }
         let o = &self.optim;
@@ -613,6 +633,66 @@ impl ReplayConfig {
     }
 }
 
+/// Keys that moved, `(old, new)`, as `section.key`: they keep working for one release, with a
+/// warning naming the new key.
+pub const REPLAY_MOVED: &[(&str, &str)] = &[
+    ("algorithm.temperature", "rollout.temperature"),
+    (
+        "self_distillation.success_reward_threshold",
+        "algorithm.success_reward_threshold",
+    ),
+];
+
+/// Configuration text with the `--set` overrides applied and the deprecated keys of `moved` in
+/// their new places, as TOML text (re-parsed by the caller, so that errors carry the offending
+/// key and line), and the deprecation warnings. Both training fronts read their files with it.
+pub fn edit_document(
+    text: &str,
+    overrides: &[String],
+    moved: &[(&str, &str)],
+) -> Result<(String, Vec<String>)> {
+    let mut doc: toml::Table = toml::from_str(text)?;
+    for o in overrides {
+        apply_override(&mut doc, o)?;
+    }
+    let warnings = move_deprecated(&mut doc, moved)?;
+    Ok((toml::to_string(&doc)?, warnings))
+}
+
+/// Moves every deprecated key `old` of `moved` in `doc` to its `new` place and returns one warning
+/// for each; both keys set to different values is an error.
+pub fn move_deprecated(doc: &mut toml::Table, moved: &[(&str, &str)]) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    for (old, new) in moved {
+        let (os, ok) = old.split_once('.').expect("section.key");
+        let (ns, nk) = new.split_once('.').expect("section.key");
+        let Some(value) = doc
+            .get_mut(os)
+            .and_then(|t| t.as_table_mut())
+            .and_then(|t| t.remove(ok))
+        else {
+            continue;
+        };
+        let section = doc
+            .entry(ns.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .with_context(|| format!("`{ns}` is not a section"))?;
+        match section.get(nk) {
+            Some(v) if *v != value => {
+                bail!("{old} = {value} and {new} = {v} are both set: keep only {new}")
+            }
+            _ => {
+                section.insert(nk.to_string(), value);
+            }
+        }
+        warnings.push(format!(
+            "{old} is deprecated and will be removed in the next release: use {new}"
+        ));
+    }
+    Ok(warnings)
+}
+
 /// Parses a step selection (`"A..B"`, inclusive; `"A.."`, `"..B"`, `"A"`).
 pub fn parse_steps(s: &str) -> Result<StepRange> {
     s.parse().map_err(anyhow::Error::msg)
@@ -665,7 +745,7 @@ path = "d"
         let c = ReplayConfig::parse(BASE, &[]).unwrap();
         assert_eq!(c.optim.lr, 1e-6);
         assert_eq!(c.schedule.mode, ScheduleMode::Exact);
-        assert_eq!(c.algorithm.temperature, 1.0);
+        assert_eq!(c.rollout.temperature, 1.0);
         assert_eq!(c.data.eos_token_id, 151_643);
     }
 
@@ -716,6 +796,59 @@ path = "d"
         .unwrap();
         let back = ReplayConfig::parse(&c.to_toml().unwrap(), &[]).unwrap();
         assert_eq!(c, back);
+    }
+
+    /// Guards the one schema: `temperature` lives under `[rollout]` in both fronts, and the one
+    /// success threshold is `[algorithm] success_reward_threshold`; the old places keep working
+    /// with a warning naming the new key.
+    #[test]
+    fn moved_keys_warn_and_keep_working() {
+        let text = format!(
+            "{BASE}\n[algorithm]\ntemperature = 0.7\n\
+             [self_distillation]\nsuccess_reward_threshold = 0.8\n"
+        );
+        let (c, warnings) = ReplayConfig::parse_reporting(&text, &[]).unwrap();
+        assert_eq!(c.rollout.temperature, 0.7);
+        let algo = c.algorithm.algo_config().unwrap();
+        assert_eq!(algo.success_reward_threshold, 0.8);
+        assert_eq!(c.self_distillation.context.success_reward_threshold, 0.8);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].contains("use rollout.temperature"),
+            "{warnings:?}"
+        );
+        assert!(warnings[1].contains("use algorithm.success_reward_threshold"));
+        // The resolved form names only the new keys and reads back without warnings.
+        let (back, w) = ReplayConfig::parse_reporting(&c.to_toml().unwrap(), &[]).unwrap();
+        assert_eq!(back, c);
+        assert!(w.is_empty(), "{w:?}");
+        let e = ReplayConfig::parse(
+            &format!("{BASE}\n[algorithm]\ntemperature = 0.7\n[rollout]\ntemperature = 0.9\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("keep only rollout.temperature"),
+            "{e:#}"
+        );
+    }
+
+    /// Guards that a template typo is refused at load, not found later as self-distillation
+    /// silently off for every row.
+    #[test]
+    fn template_typos_are_refused_at_load() {
+        let e = ReplayConfig::parse(
+            &format!(
+                "{BASE}\n[self_distillation]\nreprompt_template = \"{{promt}}{{solution}}\"\n"
+            ),
+            &[],
+        )
+        .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("reprompt_template") && e.contains("{promt}"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -70,7 +70,9 @@ pub const REFERENCE_TEMPLATE: &str = "\nReference answer:\n\n{reference}";
 pub struct ContextConfig {
     /// Source of the privileged information.
     pub context: ContextMode,
-    /// A row is successful when its score is at least this.
+    /// A row is successful when its score is at least this: `[algorithm]
+    /// success_reward_threshold`, copied here when the configuration is read.
+    #[serde(skip)]
     pub success_reward_threshold: f64,
     /// Never use a row's own response as its demonstration.
     pub dont_reprompt_on_self_success: bool,
@@ -110,6 +112,47 @@ impl Default for ContextConfig {
             reference_template: REFERENCE_TEMPLATE.into(),
             enable_thinking: None,
         }
+    }
+}
+
+impl ContextConfig {
+    /// Checks that every template only uses its own placeholders.
+    pub fn validate(&self) -> Result<()> {
+        for (key, template, names) in [
+            (
+                "reprompt_template",
+                &self.reprompt_template,
+                &["prompt", "solution", "feedback"][..],
+            ),
+            (
+                "solution_template",
+                &self.solution_template,
+                &["successful_previous_attempt"][..],
+            ),
+            (
+                "feedback_template",
+                &self.feedback_template,
+                &["feedback_raw"][..],
+            ),
+            (
+                "reference_template",
+                &self.reference_template,
+                &["reference"][..],
+            ),
+        ] {
+            let values: Vec<(&str, &str)> = names.iter().map(|n| (*n, "")).collect();
+            format_template(template, &values).with_context(|| {
+                format!(
+                    "[self_distillation] {key}: the placeholders are {}",
+                    names
+                        .iter()
+                        .map(|n| format!("{{{n}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 

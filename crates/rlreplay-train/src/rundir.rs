@@ -100,6 +100,46 @@ fn sync_tree(dir: &Path) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Refuses a fresh start in `dir` when it already holds a run, with or without a checkpoint (its
+/// `metrics.jsonl` would otherwise be truncated): `--resume` continues it, another `--out` starts
+/// elsewhere. Both training fronts call it before writing anything.
+pub fn refuse_existing_run(dir: &Path) -> Result<()> {
+    if dir.join("metrics.jsonl").exists() || dir.join("checkpoints").is_dir() {
+        bail!(
+            "{} already holds a run: pass --resume to continue it, or choose another --out",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// On `--resume`: the configuration saved in `dir/config.toml` (read with `parse`) must equal
+/// `current` once `comparable` has cleared what may change between sessions (`may_change`
+/// names it in the error).
+pub fn check_resumed_config<T: PartialEq>(
+    dir: &Path,
+    current: &T,
+    parse: impl Fn(&str) -> Result<T>,
+    comparable: impl Fn(&T) -> T,
+    may_change: &str,
+) -> Result<()> {
+    let path = dir.join("config.toml");
+    if !path.exists() && !dir.join("checkpoints").join(LATEST).exists() {
+        // Killed before anything was saved: there is nothing to continue or compare with.
+        return Ok(());
+    }
+    let saved = fs::read_to_string(&path)
+        .with_context(|| format!("--resume: cannot read {}", path.display()))?;
+    let saved = parse(&saved).with_context(|| format!("--resume: {}", path.display()))?;
+    if comparable(&saved) != comparable(current) {
+        bail!(
+            "--resume: the configuration differs from the run's {} (only {may_change} may change)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// An open run directory.
 pub struct RunDir {
     root: PathBuf,

@@ -17,9 +17,6 @@ use rlreplay_data::StepRange;
 
 use crate::config::{ScheduleMode, ScheduleSection};
 
-/// A score at or above this counts as a success (binary rewards thresholded as the reference does).
-pub const SUCCESS_THRESHOLD: f32 = 0.5;
-
 /// One trainer step of the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedStep {
@@ -146,6 +143,7 @@ pub fn select_rows(
     groups: &[Range<usize>],
     scores: &[f32],
     truncated: &[bool],
+    success_threshold: f64,
 ) -> (Vec<usize>, SelectionStats) {
     let mut st = SelectionStats {
         groups_in: groups.len(),
@@ -156,7 +154,7 @@ pub fn select_rows(
     for g in groups {
         let wins = scores[g.clone()]
             .iter()
-            .filter(|&&s| s >= SUCCESS_THRESHOLD)
+            .filter(|&&s| f64::from(s) >= success_threshold)
             .count();
         if cfg.drop_solve_none && wins == 0 {
             st.dropped_solve_none += 1;
@@ -278,13 +276,13 @@ mod tests {
             epoch: 0,
         };
         let mut c = cfg(ScheduleMode::Exact);
-        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc);
+        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc, 0.5);
         assert_eq!(rows, (0..12).collect::<Vec<_>>());
         assert_eq!(st.groups_out, 3);
         c.drop_solve_none = true;
         c.drop_solve_all = true;
         c.drop_truncated = true;
-        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc);
+        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc, 0.5);
         assert_eq!(rows, [4, 6, 7]);
         assert_eq!(
             (
@@ -296,7 +294,7 @@ mod tests {
         );
         c.drop_truncated = false;
         c.subsample = 2;
-        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc);
+        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc, 0.5);
         assert_eq!(rows.len(), 2);
         assert!(rows.windows(2).all(|w| w[0] < w[1]) && rows.iter().all(|r| (4..8).contains(r)));
         assert_eq!(st.dropped_subsample, 2);
@@ -313,11 +311,32 @@ mod tests {
             source_step: 1,
             epoch: 0,
         };
-        let (rows, _) = select_rows(&c, &step, &groups, &scores, &trunc);
+        let (rows, _) = select_rows(&c, &step, &groups, &scores, &trunc, 0.5);
         assert_ne!(rows, (0..16).collect::<Vec<_>>());
         for pair in rows.chunks(2) {
             assert_eq!(pair[0] % 2, 0);
             assert_eq!(pair[1], pair[0] + 1);
         }
+    }
+
+    /// Guards that the one success threshold (`[algorithm] success_reward_threshold`, at least
+    /// the threshold) is the one the `drop_solve_*` filters use: a score of exactly 0.5 is a
+    /// success at the default, and a raised threshold turns 0.6 into a failure.
+    #[test]
+    fn filters_use_the_configured_success_threshold() {
+        let groups = [0..2, 2..4];
+        let scores = [0.5, 0.5, 0.6, 0.6];
+        let step = PlannedStep {
+            global_step: 1,
+            source_step: 1,
+            epoch: 0,
+        };
+        let mut c = cfg(ScheduleMode::Exact);
+        c.drop_solve_none = true;
+        let (rows, _) = select_rows(&c, &step, &groups, &scores, &[false; 4], 0.5);
+        assert_eq!(rows, [0, 1, 2, 3]);
+        let (rows, st) = select_rows(&c, &step, &groups, &scores, &[false; 4], 0.8);
+        assert!(rows.is_empty());
+        assert_eq!(st.dropped_solve_none, 2);
     }
 }

@@ -19,10 +19,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{parse_steps, uses_teacher, ReplayConfig};
 use crate::context::{check_columns, logged_teacher_prompts};
-use crate::rundir::{latest_checkpoint, Metrics, RunDir, TRAINER_STATE};
-use crate::schedule::{plan, select_rows, step_rng, PlannedStep, SUCCESS_THRESHOLD};
+use crate::rundir::{
+    check_resumed_config, latest_checkpoint, refuse_existing_run, Metrics, RunDir, TRAINER_STATE,
+};
+use crate::schedule::{plan, select_rows, step_rng, PlannedStep};
 use crate::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
-use crate::update::{stats, update, TeacherInputs, UpdateSettings};
+use crate::update::{perf_metrics, stats, update, TeacherInputs, UpdateSettings};
 
 /// Version of the trainer-state format.
 const STATE_FORMAT: u32 = 1;
@@ -100,13 +102,13 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     with_threads(opts.config.run.threads, || run_inner(opts))
 }
 
-/// Runs `f` on `threads` worker threads (0: the default pool over every core).
+/// Runs `f` on a pool of `threads` worker threads (0: the default pool over every core). The
+/// process environment is left alone: every kernel runs inside the pool, whose size bounds the
+/// parallelism whatever split a kernel chooses.
 pub fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     if threads == 0 {
         return f();
     }
-    // candle's CPU kernels size their work split from this variable.
-    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -215,11 +217,6 @@ fn source(dataset: &Dataset, ps: &PlannedStep) -> String {
     }
 }
 
-/// A run directory that already holds a run (so a fresh start would mix two runs).
-fn holds_a_run(dir: &Path) -> bool {
-    dir.join("metrics.jsonl").exists() || dir.join("checkpoints").is_dir()
-}
-
 impl Trainer {
     fn new(opts: &RunOptions) -> Result<Self> {
         let cfg = opts.config.clone();
@@ -246,28 +243,17 @@ impl Trainer {
         let config_path = out.join("config.toml");
 
         let resume_from = if opts.resume {
-            let saved = std::fs::read_to_string(&config_path)
-                .with_context(|| format!("--resume: cannot read {}", config_path.display()))?;
-            let saved = ReplayConfig::parse(&saved, &[])
-                .with_context(|| format!("--resume: {}", config_path.display()))?;
             let comparable = |c: &ReplayConfig| {
                 let mut c = c.clone();
                 c.checkpoint = Default::default();
                 c.run.dir = None;
                 c
             };
-            ensure!(
-                comparable(&saved) == comparable(&cfg),
-                "--resume: the configuration differs from the run's {} (only [checkpoint] may change)",
-                config_path.display()
-            );
+            let parse = |t: &str| ReplayConfig::parse(t, &[]);
+            check_resumed_config(out, &cfg, parse, comparable, "[checkpoint]")?;
             latest_checkpoint(out)?
         } else {
-            ensure!(
-                !holds_a_run(out),
-                "{} already holds a run: pass --resume to continue it, or choose another --out",
-                out.display()
-            );
+            refuse_existing_run(out)?;
             None
         };
 
@@ -282,8 +268,11 @@ impl Trainer {
         };
         let (mut model, opt, state) = match &resume_from {
             Some((step, dir)) => {
-                let model = Model::load(dir, dtype, &device)
+                let mut model = Model::load(dir, dtype, &device)
                     .with_context(|| format!("loading checkpoint {}", dir.display()))?;
+                // Tokenizer files come from the run's model directory: checkpoint rotation
+                // removes the checkpoint this model was loaded from.
+                model.set_source_dir(model_dir.clone());
                 let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &model)?;
                 let text = std::fs::read_to_string(dir.join(TRAINER_STATE))?;
                 let state: TrainerState = serde_json::from_str(&text)
@@ -343,8 +332,9 @@ impl Trainer {
                     }
                     _ => dir.clone(),
                 };
-                let teacher_model = Model::load(&teacher_dir, dtype, &device)
+                let mut teacher_model = Model::load(&teacher_dir, dtype, &device)
                     .with_context(|| format!("loading the teacher {}", teacher_dir.display()))?;
+                teacher_model.set_source_dir(Some(dir.clone()));
                 let teacher = Teacher::new(
                     teacher_model,
                     sdc.teacher_regularization,
@@ -400,8 +390,14 @@ impl Trainer {
         let groups = batch.groups();
         let eos = self.cfg.data.eos_token_id;
         let truncated: Vec<bool> = (0..batch.len()).map(|i| batch.truncated(i, eos)).collect();
-        let (mut rows, sel) =
-            select_rows(&self.cfg.schedule, ps, &groups, &batch.scores, &truncated);
+        let (mut rows, sel) = select_rows(
+            &self.cfg.schedule,
+            ps,
+            &groups,
+            &batch.scores,
+            &truncated,
+            self.algo.success_reward_threshold,
+        );
         if self.cfg.batch.shuffle {
             let mut spans: Vec<&[usize]> = Vec::new();
             let mut start = 0;
@@ -455,12 +451,12 @@ impl Trainer {
             (Some((t, _)), Some(p)) => Some(TeacherInputs {
                 teacher: t,
                 prompts: p,
-                success_threshold: sd.context.success_reward_threshold,
+                success_threshold: self.algo.success_reward_threshold,
             }),
             _ => None,
         };
         let settings = UpdateSettings {
-            temperature: self.cfg.algorithm.temperature,
+            temperature: self.cfg.rollout.temperature,
             ppo_mini_batch_size: self.cfg.batch.ppo_mini_batch_size,
             ppo_epochs: self.cfg.batch.ppo_epochs,
             max_tokens_per_micro_batch: self.cfg.batch.max_tokens_per_micro_batch,
@@ -482,7 +478,8 @@ impl Trainer {
             // being trained: the replay's learning signal at a glance.
             for (name, win) in [("success", true), ("failure", false)] {
                 let (mut sum, mut count) = (0.0, 0usize);
-                for i in (0..n).filter(|&i| (batch.scores[i] >= SUCCESS_THRESHOLD) == win) {
+                let threshold = self.algo.success_reward_threshold;
+                for i in (0..n).filter(|&i| (f64::from(batch.scores[i]) >= threshold) == win) {
                     sum += current[offsets[i]..offsets[i + 1]].iter().sum::<f64>();
                     count += offsets[i + 1] - offsets[i];
                 }
@@ -506,16 +503,10 @@ impl Trainer {
         self.state.tokens_trained += tokens;
         self.state.global_step = ps.global_step;
         let secs = started.elapsed().as_secs_f64();
-        metrics.insert("perf/total_num_tokens".into(), tokens as f64);
-        metrics.insert("perf/time_per_step".into(), secs);
-        metrics.insert("perf/throughput".into(), tokens as f64 / secs.max(1e-9));
+        perf_metrics(&mut metrics, tokens, secs, self.state.skipped_updates);
         metrics.insert("train/source_step".into(), ps.source_step as f64);
         metrics.insert("train/epoch".into(), f64::from(ps.epoch));
         metrics.insert("train/skipped_updates".into(), skipped as f64);
-        metrics.insert(
-            "train/skipped_updates_total".into(),
-            self.state.skipped_updates as f64,
-        );
         metrics.insert(
             "train/optimizer_steps".into(),
             self.state.optimizer_steps as f64,

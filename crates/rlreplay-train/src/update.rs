@@ -13,7 +13,7 @@ use std::ops::Range;
 use anyhow::Result;
 use rlreplay_algo::metrics::{merge_rule, Merge};
 use rlreplay_algo::{
-    compute_advantages, off_policy_metrics, policy_loss, rollout_correction, AlgoConfig, LossMode,
+    compute_advantages, off_policy_metrics, policy_loss, rollout_correction, AlgoConfig,
     MetricAccumulator, MicroBatch, Normalizer,
 };
 use rlreplay_data::RolloutBatch;
@@ -110,17 +110,13 @@ pub fn update(
         .map(|c| c[0].start..c[c.len() - 1].end)
         .collect();
     let updates = minibatches.len() * settings.ppo_epochs as usize;
-    let ratio_loss = matches!(
-        algo.loss_mode,
-        LossMode::Ppo | LossMode::Rlsd | LossMode::Rlrt
-    );
     let mut metrics = Metrics::new();
 
     // ℓ_old (the policy before this update) when the loss or the correction needs it.
     let rs = !algo.rejection_options()?.is_empty();
     let old: Option<Vec<f64>> = if algo.bypass_mode {
         Some(rollout.clone())
-    } else if algo.rollout_is.is_some() || rs || (ratio_loss && updates > 1) {
+    } else if algo.rollout_is.is_some() || rs || algo.loss_mode.needs_old_logprobs(updates) {
         Some(packed_logprobs(policy, &pairs, budget, tau)?)
     } else {
         None
@@ -147,7 +143,7 @@ pub fn update(
     // The loss needs the current log-probs before the backward pass unless its gradient does not
     // depend on them (REINFORCE, or PPO at ratio 1): then one forward pass per micro-batch does.
     let two_pass =
-        teacher.is_some() || algo.bypass_mode || (old.is_some() && algo.loss_mode == LossMode::Ppo);
+        teacher.is_some() || algo.bypass_mode || (old.is_some() && algo.loss_mode.uses_ratio());
     let mut current = vec![f64::NAN; rollout.len()];
     let mut mb_metrics: Vec<Metrics> = Vec::new();
     let (mut applied, mut skipped) = (0u64, 0u64);
@@ -306,6 +302,15 @@ fn mean_over_minibatches(mbs: &[Metrics]) -> Metrics {
         }
     }
     out
+}
+
+/// Inserts the step's `perf/*` metrics (verl's names) for `tokens` trained in `secs` seconds, and
+/// the run's total of skipped updates.
+pub fn perf_metrics(m: &mut Metrics, tokens: u64, secs: f64, skipped_total: u64) {
+    m.insert("perf/total_num_tokens".into(), tokens as f64);
+    m.insert("perf/time_per_step".into(), secs);
+    m.insert("perf/throughput".into(), tokens as f64 / secs.max(1e-9));
+    m.insert("train/skipped_updates_total".into(), skipped_total as f64);
 }
 
 /// Inserts `prefix/mean`, `prefix/max` and `prefix/min` of `xs` (0 for an empty `xs`).

@@ -340,3 +340,55 @@ fn gradient_checkpointing_gives_the_same_metrics() {
         }
     }
 }
+
+/// Guards against checkpoints without tokenizer files after `--resume`: the resumed model's own
+/// source directory is a checkpoint that rotation (`keep = 1`) deletes, so the tokenizer files
+/// must come from `[model] path`.
+#[test]
+fn resumed_checkpoints_keep_the_tokenizer_files_through_rotation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 3);
+    let model_dir = tmp.path().join("model");
+    let random = config(&data, "").model.random.unwrap();
+    Model::new_random(random.to_config(), 3, DType::F32, &Device::Cpu)
+        .unwrap()
+        .save_hf(&model_dir)
+        .unwrap();
+    std::fs::write(model_dir.join("tokenizer.json"), "{}").unwrap();
+    std::fs::write(model_dir.join("tokenizer_config.json"), "{}").unwrap();
+    let mut cfg = config(&data, "[checkpoint]\nsave_freq = 1\nkeep = 1\n");
+    cfg.model.random = None;
+    cfg.model.path = Some(model_dir);
+    let out = tmp.path().join("run");
+    let mut opts = RunOptions::new(cfg, &out);
+    opts.stop_after = Some(1);
+    run(&opts).unwrap();
+    opts.stop_after = None;
+    opts.resume = true;
+    run(&opts).unwrap();
+    let (step, last) = latest_checkpoint(&out).unwrap().unwrap();
+    assert_eq!(step, 3);
+    assert!(
+        !out.join("checkpoints/global_step_1").exists(),
+        "rotated away"
+    );
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        assert!(
+            last.join(f).is_file(),
+            "{f} missing from {}",
+            last.display()
+        );
+    }
+}
+
+/// Guards that `[run] threads` is a pool of that size, not a change of the whole process's
+/// environment (a library must not set `RAYON_NUM_THREADS` for its caller).
+#[test]
+fn threads_do_not_touch_the_process_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 1);
+    let before = std::env::var_os("RAYON_NUM_THREADS");
+    let cfg = config(&data, "[run]\nthreads = 1\n");
+    run(&RunOptions::new(cfg, &tmp.path().join("run"))).unwrap();
+    assert_eq!(std::env::var_os("RAYON_NUM_THREADS"), before);
+}

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use rlreplay_algo::{
-    compute_advantages, policy_loss, rollout_correction, AlgoConfig, LossMode, MetricAccumulator,
-    MicroBatch, Normalizer,
+    compute_advantages, policy_loss, rollout_correction, AlgoConfig, MetricAccumulator, MicroBatch,
+    Normalizer,
 };
 use serde::{Deserialize, Serialize};
 
@@ -153,8 +153,7 @@ fn compute(input: Input) -> anyhow::Result<Output> {
     let mut grad = vec![0.0; logprobs.len()];
     let mut loss = 0.0;
     let mut acc = MetricAccumulator::new();
-    let needs_teacher = matches!(cfg.loss_mode, LossMode::Rlsd | LossMode::Rlrt);
-    if needs_teacher && teacher.is_none() {
+    if cfg.loss_mode.needs_teacher() && teacher.is_none() {
         bail!(
             "loss_mode `{}` needs `teacher_logprobs`",
             cfg.loss_mode.name()

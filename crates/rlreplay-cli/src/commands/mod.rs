@@ -34,6 +34,26 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// The run directory: `--out`, or the configuration's (`key` names it in the error).
+    pub fn out_dir(
+        &self,
+        configured: Option<&std::path::Path>,
+        key: &str,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        match (&self.out, configured) {
+            (Some(o), _) => Ok(o.clone()),
+            (None, Some(d)) => Ok(d.to_path_buf()),
+            (None, None) => anyhow::bail!("no run directory: pass --out or set {key}"),
+        }
+    }
+
+    /// Prints the configuration's deprecation warnings to stderr.
+    pub fn warn(warnings: &[String]) {
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+    }
+
     /// The configuration file: `--config`, or the run directory's saved one when resuming.
     pub fn config_path(&self) -> anyhow::Result<std::path::PathBuf> {
         match (&self.config, &self.out) {

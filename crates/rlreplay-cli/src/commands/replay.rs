@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use rlreplay_train::{ReplayConfig, RunOptions};
 
 /// Arguments of `rlreplay replay`.
@@ -19,12 +19,9 @@ pub struct Args {
 /// Runs `rlreplay replay`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config_path = args.run.config_path()?;
-    let config = ReplayConfig::load(&config_path, &args.run.set)?;
-    let out = match (&args.run.out, &config.run.dir) {
-        (Some(o), _) => o.clone(),
-        (None, Some(d)) => d.clone(),
-        (None, None) => bail!("no run directory: pass --out or set [run] dir"),
-    };
+    let (config, warnings) = ReplayConfig::load_reporting(&config_path, &args.run.set)?;
+    super::RunArgs::warn(&warnings);
+    let out = args.run.out_dir(config.run.dir.as_deref(), "[run] dir")?;
     let opts = RunOptions {
         config,
         out: out.clone(),

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use rlreplay_online::config::OnlineConfig;
 use rlreplay_online::trainer::{run as run_online, Provenance, RunOptions};
 
@@ -18,13 +18,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config_path = args.run.config_path()?;
     let text = std::fs::read_to_string(&config_path)
         .with_context(|| format!("cannot read config {}", config_path.display()))?;
-    let config = OnlineConfig::parse(&text, &args.run.set)
+    let (config, warnings) = OnlineConfig::parse_reporting(&text, &args.run.set)
         .with_context(|| format!("in config {}", config_path.display()))?;
-    let out = match (&args.run.out, &config.trainer.dir) {
-        (Some(o), _) => o.clone(),
-        (None, Some(d)) => d.clone(),
-        (None, None) => bail!("no run directory: pass --out or set [trainer] dir"),
-    };
+    super::RunArgs::warn(&warnings);
+    let out = args
+        .run
+        .out_dir(config.trainer.dir.as_deref(), "[trainer] dir")?;
     let opts = RunOptions {
         config,
         provenance: Provenance {
