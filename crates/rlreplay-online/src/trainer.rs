@@ -498,7 +498,7 @@ impl Trainer {
             self.policy.save_hf(d)?;
             self.opt.save(d.join(OPTIMIZER_STATE))?;
             if let Some(t) = ema {
-                t.save_hf(&d.join(EMA_TEACHER))?;
+                t.save_hf(d.join(EMA_TEACHER))?;
             }
             write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
         })?;
