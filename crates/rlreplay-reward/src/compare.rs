@@ -6,8 +6,12 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use crate::expr::{Budget, Expr, RelOp, Stop, MAX_TREE_DEPTH};
+use num_rational::BigRational;
+use num_traits::{One, Zero};
+
+use crate::expr::{Budget, Complex, Expr, RelOp, Stop, MAX_TREE_DEPTH};
 use crate::latex::only_symbols;
+use crate::sets;
 
 /// Float comparisons round to this many decimals (math-verify's `float_rounding`).
 const FLOAT_ROUNDING: i32 = 6;
@@ -52,11 +56,15 @@ pub fn expr_eq(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
         gold = last_rhs(&gold);
     }
     if is_relation(&gold) && is_set(&pred) {
-        if let Some(s) = relation_as_set(&gold, b)? {
+        if let Some(s) = sets::solution_set(&gold, b)? {
+            gold = s;
+        } else if let Some(s) = relation_as_set(&gold, b)? {
             gold = s;
         }
     }
-    if gold == pred && !matches!(gold, Expr::Float(f) if f.is_nan()) {
+    if !matches!(gold, Expr::Float(f) if f.is_nan())
+        && (gold == pred || canon(&gold) == canon(&pred))
+    {
         return Ok(true);
     }
     if is_relation(&gold) && is_relation(&pred) {
@@ -285,12 +293,87 @@ fn sorted(v: &[Expr], b: &Budget) -> Vec<Expr> {
     keyed.into_iter().map(|k| k.2).collect()
 }
 
+/// The expression in a canonical form, as sympy's automatic evaluation would build it: nested
+/// sums and products flattened, their rational literals folded, their terms and factors sorted,
+/// set elements sorted and deduplicated. Canonical forms that are equal belong to expressions
+/// sympy holds structurally equal (`x+11` and `11+x`, `F_k F_{n-k-1}` and `F_{n-k-1} F_k`); the
+/// converse does not hold.
+pub(crate) fn canon(e: &Expr) -> Expr {
+    let sorted = |mut v: Vec<Expr>| {
+        v.sort_by_cached_key(|x| format!("{x:?}"));
+        v
+    };
+    match e {
+        Expr::Add(v) | Expr::Mul(v) => {
+            let add = matches!(e, Expr::Add(_));
+            let mut terms = Vec::new();
+            let mut num = if add {
+                BigRational::zero()
+            } else {
+                BigRational::one()
+            };
+            let mut stack: Vec<Expr> = v.iter().map(canon).collect();
+            stack.reverse();
+            while let Some(t) = stack.pop() {
+                match t {
+                    Expr::Add(inner) if add => stack.extend(inner.into_iter().rev()),
+                    Expr::Mul(inner) if !add => stack.extend(inner.into_iter().rev()),
+                    Expr::Num(r) if add => num += r,
+                    Expr::Num(r) => num *= r,
+                    t => terms.push(t),
+                }
+            }
+            if !add && num.is_zero() {
+                return Expr::Num(num);
+            }
+            if terms.is_empty()
+                || num
+                    != if add {
+                        BigRational::zero()
+                    } else {
+                        BigRational::one()
+                    }
+            {
+                terms.push(Expr::Num(num));
+            }
+            if terms.len() == 1 {
+                return terms.pop().expect("one");
+            }
+            let terms = sorted(terms);
+            if add {
+                Expr::Add(terms)
+            } else {
+                Expr::Mul(terms)
+            }
+        }
+        Expr::Set(v) => {
+            let mut v = sorted(v.iter().map(canon).collect());
+            v.dedup();
+            Expr::Set(v)
+        }
+        Expr::Tuple(v) => Expr::Tuple(v.iter().map(canon).collect()),
+        Expr::And(v) => Expr::And(v.iter().map(canon).collect()),
+        Expr::Func(n, v) => Expr::Func(n.clone(), v.iter().map(canon).collect()),
+        Expr::Pow(a, x) => Expr::Pow(Box::new(canon(a)), Box::new(canon(x))),
+        Expr::Rel(op, a, x) => Expr::Rel(*op, Box::new(canon(a)), Box::new(canon(x))),
+        Expr::SetOp(op, a, x) => Expr::SetOp(*op, Box::new(canon(a)), Box::new(canon(x))),
+        Expr::Interval(a, x, l, r) => {
+            Expr::Interval(Box::new(canon(a)), Box::new(canon(x)), *l, *r)
+        }
+        Expr::Pct(a) => Expr::Pct(Box::new(canon(a))),
+        Expr::Matrix(rows) => {
+            Expr::Matrix(rows.iter().map(|r| r.iter().map(canon).collect()).collect())
+        }
+        other => other.clone(),
+    }
+}
+
 fn dedup_set(v: &[Expr], b: &Budget) -> Result<Vec<Expr>, Stop> {
     let mut out: Vec<Expr> = Vec::new();
     for e in v {
         let mut dup = false;
         for o in &out {
-            if o == e || (exact_eq(o, e, b)? == Some(true)) {
+            if o == e || canon(o) == canon(e) || (exact_eq(o, e, b)? == Some(true)) {
                 dup = true;
                 break;
             }
@@ -333,6 +416,11 @@ fn compare_sets(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
         }
     };
     let (gs, ps) = (wrap(gold), wrap(pred));
+    if sets::is_union_like(&gs) || sets::is_union_like(&ps) {
+        if let Some(same) = sets::same_union(&gs, &ps, b, &|x, y| expr_eq(x, y, b))? {
+            return Ok(same);
+        }
+    }
     let (gs, ps) = match (gs, ps) {
         (Expr::Set(g), Expr::Set(p)) => {
             (Expr::Set(dedup_set(&g, b)?), Expr::Set(dedup_set(&p, b)?))
@@ -561,20 +649,36 @@ fn values_equal(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
     gold.symbols(&mut syms);
     pred.symbols(&mut syms);
     let syms: Vec<String> = syms.into_iter().collect();
+    // Answers with the imaginary unit are evaluated as complex numbers.
+    let complex = gold.has_i() || pred.has_i();
+    let value = |e: &Expr, env: &dyn Fn(&str) -> Option<f64>| -> Result<Complex, Stop> {
+        if complex {
+            e.eval_complex(env, b)
+        } else {
+            e.eval(env, b).map(|re| Complex { re, im: 0.0 })
+        }
+    };
+    let finite = |z: &Complex| z.re.is_finite() && z.im.is_finite();
+    let near = |x: &Complex, y: &Complex| {
+        let scale = x.re.hypot(x.im).max(y.re.hypot(y.im));
+        close(x.re, y.re) && close(x.im, y.im)
+            || (x.re - y.re).hypot(x.im - y.im) <= REL_TOL * scale.max(1.0)
+    };
     if syms.is_empty() {
         let none = |_: &str| None;
-        return Ok(match (gold.eval(&none, b), pred.eval(&none, b)) {
+        return Ok(match (value(gold, &none), value(pred, &none)) {
             // Undefined values (division by zero) are never equal, as sympy's `zoo` is not.
-            (Ok(x), Ok(y)) => x.is_finite() && y.is_finite() && close(x, y),
+            (Ok(x), Ok(y)) => finite(&x) && finite(&y) && near(&x, &y),
+            (Err(Stop::Timeout), _) | (_, Err(Stop::Timeout)) => return Err(Stop::Timeout),
             _ => false,
         });
     }
     let mut valid = 0;
     for row in POINTS {
         let env = |s: &str| syms.iter().position(|x| x == s).map(|i| row[i % row.len()]);
-        match (gold.eval(&env, b), pred.eval(&env, b)) {
-            (Ok(x), Ok(y)) if x.is_finite() && y.is_finite() => {
-                if !close(x, y) {
+        match (value(gold, &env), value(pred, &env)) {
+            (Ok(x), Ok(y)) if finite(&x) && finite(&y) => {
+                if !near(&x, &y) {
                     return Ok(false);
                 }
                 valid += 1;

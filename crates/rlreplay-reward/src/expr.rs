@@ -412,6 +412,22 @@ impl Expr {
                 }
                 bv.powf(ev)
             }
+            Expr::Func(name, args) if is_big_operator(name, args) => {
+                let Expr::Sym(var) = &args[1] else {
+                    return Err(Stop::Fail);
+                };
+                let (lo, hi) = (args[2].eval(env, budget)?, args[3].eval(env, budget)?);
+                let sum = name == "sum";
+                let mut acc = if sum { 0.0 } else { 1.0 };
+                for k in index_range(lo, hi)? {
+                    budget.check()?;
+                    let k = k as f64;
+                    let inner = |s: &str| if s == var { Some(k) } else { env(s) };
+                    let x = args[0].eval(&inner, budget)?;
+                    acc = if sum { acc + x } else { acc * x };
+                }
+                acc
+            }
             Expr::Func(name, args) => {
                 let mut vals = Vec::with_capacity(args.len());
                 for a in args {
@@ -422,6 +438,138 @@ impl Expr {
             _ => return Err(Stop::Fail),
         })
     }
+
+    /// True when the imaginary unit occurs.
+    pub fn has_i(&self) -> bool {
+        if *self == Expr::I {
+            return true;
+        }
+        let mut found = false;
+        self.for_each_child(&mut |c| found = found || c.has_i());
+        found
+    }
+
+    /// Complex value with the symbols taking (real) values from `env`: sums, products, integer
+    /// powers and square roots of complex numbers, `|z|`; other functions of real arguments.
+    pub fn eval_complex(
+        &self,
+        env: &dyn Fn(&str) -> Option<f64>,
+        budget: &Budget,
+    ) -> Result<Complex, Stop> {
+        budget.check()?;
+        Ok(match self {
+            Expr::I => Complex { re: 0.0, im: 1.0 },
+            Expr::Pct(a) => a.eval_complex(env, budget)?.scale(0.01),
+            Expr::Add(v) => {
+                let mut acc = Complex::real(0.0);
+                for e in v {
+                    let x = e.eval_complex(env, budget)?;
+                    acc = Complex {
+                        re: acc.re + x.re,
+                        im: acc.im + x.im,
+                    };
+                }
+                acc
+            }
+            Expr::Mul(v) => {
+                let mut acc = Complex::real(1.0);
+                for e in v {
+                    acc = acc.mul(e.eval_complex(env, budget)?);
+                }
+                acc
+            }
+            Expr::Pow(b, e) => {
+                let z = b.eval_complex(env, budget)?;
+                let w = e.eval_complex(env, budget)?;
+                if z.im == 0.0 && w.im == 0.0 {
+                    return Ok(Complex::real(self.eval(env, budget)?));
+                }
+                if w.im != 0.0 || w.re.fract() != 0.0 || w.re.abs() > 4096.0 {
+                    if w.im == 0.0 && w.re == 0.5 {
+                        return Ok(z.sqrt());
+                    }
+                    return Err(Stop::Fail);
+                }
+                let mut acc = Complex::real(1.0);
+                for _ in 0..w.re.abs() as u32 {
+                    acc = acc.mul(z);
+                }
+                if w.re < 0.0 {
+                    acc = acc.recip();
+                }
+                acc
+            }
+            Expr::Func(name, args) if name == "abs" && args.len() == 1 => {
+                let z = args[0].eval_complex(env, budget)?;
+                Complex::real(z.re.hypot(z.im))
+            }
+            other if !other.has_i() => Complex::real(other.eval(env, budget)?),
+            _ => return Err(Stop::Fail),
+        })
+    }
+}
+
+/// A complex number (for answers with the imaginary unit).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Complex {
+    /// Real part.
+    pub re: f64,
+    /// Imaginary part.
+    pub im: f64,
+}
+
+impl Complex {
+    fn real(re: f64) -> Self {
+        Self { re, im: 0.0 }
+    }
+
+    fn scale(self, k: f64) -> Self {
+        Self {
+            re: self.re * k,
+            im: self.im * k,
+        }
+    }
+
+    fn mul(self, o: Self) -> Self {
+        Self {
+            re: self.re * o.re - self.im * o.im,
+            im: self.re * o.im + self.im * o.re,
+        }
+    }
+
+    fn recip(self) -> Self {
+        let d = self.re * self.re + self.im * self.im;
+        Self {
+            re: self.re / d,
+            im: -self.im / d,
+        }
+    }
+
+    fn sqrt(self) -> Self {
+        let r = self.re.hypot(self.im);
+        let re = ((r + self.re) / 2.0).sqrt();
+        let im = ((r - self.re) / 2.0).sqrt().copysign(self.im);
+        Self { re, im }
+    }
+}
+
+/// `Func(name, [body, var, lower, upper])` of `\sum`/`\prod`.
+fn is_big_operator(name: &str, args: &[Expr]) -> bool {
+    (name == "sum" || name == "product") && args.len() == 4
+}
+
+/// Most terms of a sum or product evaluated term by term.
+const MAX_TERMS: f64 = 10_000.0;
+
+/// The integers from `lo` to `hi` (both integers, at most [`MAX_TERMS`] of them).
+fn index_range(lo: f64, hi: f64) -> Result<std::ops::RangeInclusive<i64>, Stop> {
+    if lo.fract() != 0.0 || hi.fract() != 0.0 || !lo.is_finite() || !hi.is_finite() {
+        return Err(Stop::Fail);
+    }
+    if hi - lo >= MAX_TERMS {
+        return Err(Stop::Fail);
+    }
+    Ok(lo as i64..=hi as i64)
 }
 
 /// `b^e` for a rational `e = p/q` when `b` is a perfect `q`-th power.

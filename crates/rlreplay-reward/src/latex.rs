@@ -76,6 +76,78 @@ const FUNCS: &[(&str, &str)] = &[
     ("exp", "exp"),
 ];
 
+/// Command names the parser knows besides [`FUNCS`] and [`GREEK`]. As in latex2sympy's lexer, a
+/// known command is recognised even when letters follow it (`\cotx` is `\cot x`, `\pix` is
+/// `\pi x`): an unknown name is read as its longest known prefix.
+const COMMANDS: &[&str] = &[
+    "frac",
+    "dfrac",
+    "tfrac",
+    "cfrac",
+    "sqrt",
+    "binom",
+    "dbinom",
+    "tbinom",
+    "pi",
+    "infty",
+    "infin",
+    "emptyset",
+    "varnothing",
+    "mathbb",
+    "text",
+    "mbox",
+    "textrm",
+    "operatorname",
+    "lfloor",
+    "rfloor",
+    "lceil",
+    "rceil",
+    "log",
+    "max",
+    "min",
+    "gcd",
+    "lcm",
+    "begin",
+    "end",
+    "imath",
+    "jmath",
+    "cdot",
+    "times",
+    "ast",
+    "div",
+    "le",
+    "leq",
+    "leqslant",
+    "leqq",
+    "ge",
+    "geq",
+    "geqslant",
+    "geqq",
+    "lt",
+    "gt",
+    "ne",
+    "neq",
+    "approx",
+    "in",
+    "cup",
+    "cap",
+    "setminus",
+    "pm",
+    "mp",
+    "circ",
+    "quad",
+    "qquad",
+    "enspace",
+    "thinspace",
+    "right",
+    "sum",
+    "prod",
+];
+
+fn known_command(name: &str) -> bool {
+    COMMANDS.contains(&name) || FUNCS.iter().any(|(n, _)| *n == name) || GREEK.contains(&name)
+}
+
 const SPACES: &[&str] = &[
     ",",
     ";",
@@ -117,7 +189,7 @@ fn parse_with(text: &str, complex: bool, python: bool, budget: &Budget) -> Resul
         python,
         budget,
     };
-    let elems = p.elements()?;
+    let elems = p.top_elements()?;
     p.skip_ws();
     if p.pos != p.s.len() || elems.is_empty() {
         return Err(Stop::Fail);
@@ -236,6 +308,10 @@ impl Parser<'_> {
             if let Some(&c) = self.s.get(i) {
                 name.push(c);
             }
+        } else if !known_command(&name) {
+            if let Some(n) = (1..name.len()).rev().find(|&n| known_command(&name[..n])) {
+                name.truncate(n);
+            }
         }
         Some(name)
     }
@@ -307,6 +383,29 @@ impl Parser<'_> {
         }
     }
 
+    /// The elements of a whole answer: as [`Self::elements`], except that `;` separates groups
+    /// of comma-separated elements, which become tuples when any group has more than one
+    /// element (`p=5,q=2;p=7,q=2` is two pairs of equations, `1,2;3` is `(1,2)` and `(3,)`).
+    fn top_elements(&mut self) -> Result<Vec<Expr>, Stop> {
+        let mut groups: Vec<Vec<Expr>> = vec![Vec::new()];
+        loop {
+            groups.last_mut().expect("a group").extend(self.element()?);
+            self.skip_ws();
+            match self.peek() {
+                Some(',') => self.pos += 1,
+                Some(';') => {
+                    self.pos += 1;
+                    groups.push(Vec::new());
+                }
+                _ => break,
+            }
+        }
+        if groups.len() > 1 && groups.iter().any(|g| g.len() > 1) {
+            return Ok(groups.into_iter().map(Expr::Tuple).collect());
+        }
+        Ok(groups.into_iter().flatten().collect())
+    }
+
     /// Comma- or semicolon-separated elements.
     fn elements(&mut self) -> Result<Vec<Expr>, Stop> {
         let mut out = Vec::new();
@@ -343,7 +442,12 @@ impl Parser<'_> {
                 continue;
             }
             let Some(op) = self.rel_op() else { break };
-            let rhs = self.additive()?;
+            let rhs = if matches!(op, Rel::In) {
+                // `x \in A \cup B` is `x \in (A \cup B)`.
+                self.set_expr()?
+            } else {
+                self.additive()?
+            };
             let d = *depth.get_or_insert_with(|| depth_of(&lhs));
             let dr = depth_of(&rhs);
             let (new, nd) = match op {
@@ -373,6 +477,22 @@ impl Parser<'_> {
         }
         self.depth -= 1;
         Ok(vec![lhs])
+    }
+
+    /// An additive expression followed by set operations (the right side of `\in`).
+    fn set_expr(&mut self) -> Result<Expr, Stop> {
+        let mut lhs = self.additive()?;
+        let mut depth = None;
+        loop {
+            self.skip_ws();
+            let Some(op) = self.set_op() else {
+                return Ok(lhs);
+            };
+            let rhs = self.additive()?;
+            let d = *depth.get_or_insert_with(|| depth_of(&lhs));
+            depth = Some(self.within(1 + d.max(depth_of(&rhs)))?);
+            lhs = Expr::SetOp(op, Box::new(lhs), Box::new(rhs));
+        }
     }
 
     fn set_op(&mut self) -> Option<SetOp> {
@@ -760,6 +880,10 @@ impl Parser<'_> {
         } else if t.starts_with('.') {
             t.insert(0, '0');
         }
+        if !self.python {
+            // A base subscript is dropped, as latex2sympy does: `2112_6` is 2112.
+            self.subscript_text()?;
+        }
         number_from_str(&t)
     }
 
@@ -944,7 +1068,9 @@ impl Parser<'_> {
             }
             "pi" => Expr::Pi,
             "infty" | "infin" => Expr::Inf,
-            "emptyset" | "varnothing" => Expr::NamedSet("empty"),
+            "emptyset" => Expr::NamedSet("empty"),
+            // latex2sympy has no `\varnothing`: it is read as a symbol.
+            "varnothing" => Expr::Sym("varnothing".into()),
             "mathbb" => {
                 let name = self.raw_group()?;
                 Expr::NamedSet(match name.trim() {
@@ -969,6 +1095,10 @@ impl Parser<'_> {
                 Expr::Sym(format!("{t}{sub}").to_lowercase())
             }
             "{" => {
+                self.skip_ws();
+                if self.eat_cmd("}") {
+                    return Ok(Expr::NamedSet("empty"));
+                }
                 let elems = self.elements()?;
                 self.skip_ws();
                 if !self.eat_cmd("}") {
@@ -1008,6 +1138,7 @@ impl Parser<'_> {
                 self.expect(')')?;
                 Expr::Func(cmd.clone(), args)
             }
+            "sum" | "prod" => self.big_operator(if cmd == "sum" { "sum" } else { "product" })?,
             "begin" => self.environment()?,
             "(" => self.bracketed(true)?,
             "[" => self.bracketed(false)?,
@@ -1025,6 +1156,38 @@ impl Parser<'_> {
                 return Err(Stop::Fail);
             }
         })
+    }
+
+    /// `\sum`/`\prod` after the command: `_{k=a}` and `^{b}` (either order), then the
+    /// multiplicative body: `Func(name, [body, k, a, b])`.
+    fn big_operator(&mut self, name: &str) -> Result<Expr, Stop> {
+        let (mut var, mut upper) = (None, None);
+        for _ in 0..2 {
+            self.skip_ws();
+            match self.peek() {
+                Some('_') if var.is_none() => {
+                    self.pos += 1;
+                    self.expect('{')?;
+                    let v = self.additive()?;
+                    if !matches!(v, Expr::Sym(_)) || !self.eat('=') {
+                        return Err(Stop::Fail);
+                    }
+                    let lo = self.additive()?;
+                    self.expect('}')?;
+                    var = Some((v, lo));
+                }
+                Some('^') if upper.is_none() => {
+                    self.pos += 1;
+                    upper = self.superscript()?;
+                }
+                _ => return Err(Stop::Fail),
+            }
+        }
+        let ((v, lo), Some(hi)) = (var.ok_or(Stop::Fail)?, upper) else {
+            return Err(Stop::Fail);
+        };
+        let body = self.term()?;
+        Ok(Expr::Func(name.into(), vec![body, v, lo, hi]))
     }
 
     fn func_power(&mut self) -> Result<Option<Expr>, Stop> {

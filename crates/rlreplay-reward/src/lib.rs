@@ -16,6 +16,7 @@ pub mod extract;
 pub mod latex;
 mod mcq;
 pub mod normalize;
+mod sets;
 
 use std::time::{Duration, Instant};
 

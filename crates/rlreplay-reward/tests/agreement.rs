@@ -1,16 +1,24 @@
-//! Agreement with math-verify 0.9.0 on the committed differential-testing cases (math-verify's own
-//! test-suite pairs plus generated model-style outputs; verdicts recorded by
-//! `scripts/diff_math_verify.py generate`).
+//! Agreement with math-verify 0.9.0 on the committed differential-testing cases: math-verify's own
+//! test-suite pairs plus generated model-style outputs (`scripts/diff_math_verify.py generate`),
+//! and real reference answers (MATH solutions, GSM8K rationales) plus hand-written endings of the
+//! categories that once disagreed (`scripts/diff_math_verify.py real`).
 
 use rlreplay_reward::{verify_batch, MathVerifier, Mode};
 
-const CASES: &str = include_str!("data/math_verify_cases.jsonl");
-
-/// Minimum agreement asserted per mode (the measured level, kept as a regression floor).
-const MIN_AGREEMENT: [(Mode, &str, f64); 2] = [
-    (Mode::Maxrl, "maxrl", 0.995),
-    (Mode::Default, "default", 0.995),
+const FILES: [(&str, &str); 2] = [
+    (
+        "math_verify_cases",
+        include_str!("data/math_verify_cases.jsonl"),
+    ),
+    (
+        "math_verify_real",
+        include_str!("data/math_verify_real.jsonl"),
+    ),
 ];
+
+/// Minimum agreement asserted per mode: every verdict (the measured level).
+const MIN_AGREEMENT: [(Mode, &str, f64); 2] =
+    [(Mode::Maxrl, "maxrl", 1.0), (Mode::Default, "default", 1.0)];
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -21,13 +29,12 @@ struct Case {
     default: bool,
 }
 
-#[test]
-fn agrees_with_math_verify() {
-    let cases: Vec<Case> = CASES
+fn check(file: &str, text: &str) {
+    let cases: Vec<Case> = text
         .lines()
         .enumerate()
         .map(|(i, l)| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("case line {}: {e}", i + 1))
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("{file} line {}: {e}", i + 1))
         })
         .collect();
     let pairs: Vec<(String, String)> = cases
@@ -53,14 +60,21 @@ fn agrees_with_math_verify() {
         }
         let agreement = 1.0 - bad as f64 / cases.len() as f64;
         eprintln!(
-            "{name}: {}/{} agree ({:.2}%)",
+            "{file} {name}: {}/{} agree ({:.2}%)",
             cases.len() - bad,
             cases.len(),
             100.0 * agreement
         );
         assert!(
             agreement >= floor,
-            "{name}: agreement {agreement:.4} below {floor}"
+            "{file} {name}: agreement {agreement:.4} below {floor}"
         );
+    }
+}
+
+#[test]
+fn agrees_with_math_verify() {
+    for (file, text) in FILES {
+        check(file, text);
     }
 }
