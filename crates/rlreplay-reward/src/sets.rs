@@ -130,10 +130,8 @@ fn intersect(a: &[Span], c: &[Span]) -> Vec<Span> {
 fn spans(e: &Expr, b: &Budget) -> Result<Option<Vec<Span>>, Stop> {
     Ok(match e {
         Expr::Interval(lo, hi, lo_open, hi_open) => {
-            match Span::new((**lo).clone(), *lo_open, (**hi).clone(), *hi_open, b)? {
-                Some(s) => Some(s.into_iter().collect()),
-                None => None,
-            }
+            Span::new((**lo).clone(), *lo_open, (**hi).clone(), *hi_open, b)?
+                .map(|s| s.into_iter().collect())
         }
         Expr::SetOp(SetOp::Union, x, y) => match (spans(x, b)?, spans(y, b)?) {
             (Some(mut x), Some(y)) => {
