@@ -20,6 +20,23 @@ pub enum Divergence {
     K3,
 }
 
+impl Divergence {
+    /// The divergence of one token's log-ratio `δ`, clamped to ±[`SAFETY_BOUND`] first.
+    pub fn of(self, delta: f64) -> f64 {
+        let d = delta.clamp(-SAFETY_BOUND, SAFETY_BOUND);
+        match self {
+            Divergence::K1 => -d,
+            Divergence::K2 => 0.5 * d * d,
+            Divergence::K3 => d.exp() - 1.0 - d,
+        }
+    }
+}
+
+/// The importance weight `exp(clamp(x, ±SAFETY_BOUND))` of a log-ratio `x`.
+pub fn is_weight(log_ratio: f64) -> f64 {
+    log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+}
+
 /// How a rejection option aggregates a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RsAgg {
@@ -294,7 +311,7 @@ fn is_weights(
                 } else {
                     lr
                 };
-                raw[t] = x.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp();
+                raw[t] = is_weight(x);
             }
         }
     }
@@ -475,14 +492,7 @@ fn rejection_keep(
     valid: &[bool],
     metrics: &mut Metrics,
 ) -> Vec<bool> {
-    let div = |d: f64| {
-        let d = d.clamp(-SAFETY_BOUND, SAFETY_BOUND);
-        match opt.div {
-            Divergence::K1 => -d,
-            Divergence::K2 => 0.5 * d * d,
-            Divergence::K3 => d.exp() - 1.0 - d,
-        }
-    };
+    let div = |d: f64| opt.div.of(d);
     let pass = |x: f64| x >= opt.lower && x <= opt.upper;
     let mut keep = vec![true; delta.len()];
     let mut stats = Vec::new();

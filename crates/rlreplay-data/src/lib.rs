@@ -22,7 +22,9 @@ pub mod write;
 pub use batch::RolloutBatch;
 pub use dataset::{shard_step, step_from_name, Dataset, StepIter};
 pub use hub::{resolve_hub_path, HubConfig, HubKind, HubPath};
-pub use read::{read_shard, read_shard_reusing, validate_shard, ReadOptions};
+pub use read::{
+    read_footer, read_shard, read_shard_reusing, validate_shard, ReadOptions, ShardFooter,
+};
 pub use report::{Issue, IssueKind, ValidationReport, DEFAULT_EOS};
 pub use stats::{AuditStats, AuditSums};
 pub use steps::StepRange;

@@ -119,6 +119,79 @@ pub fn validate_shard(path: &Path, step: i64, opts: &ReadOptions) -> ValidationR
     }
 }
 
+/// What a shard's footer tells without reading its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardFooter {
+    /// Rows in the file.
+    pub rows: usize,
+    /// The behaviour log-prob column in use.
+    pub log_probs: String,
+    /// The largest prompt or response token id with its column, when every row group of both
+    /// columns has statistics.
+    pub max_token_id: Option<(String, i64)>,
+}
+
+/// Reads a shard's footer: the resolved columns (a missing or wrongly typed column is an error
+/// naming it, like [`read_shard`]) and the largest token id from the column statistics.
+pub fn read_footer(path: &Path) -> Result<ShardFooter> {
+    let (meta, cols, rows) = open_footer(path)?;
+    let mut max_token_id: Option<(String, i64)> = None;
+    for name in [&cols.prompt, &cols.response] {
+        match column_max(meta.metadata(), name) {
+            Some(Some(m)) => {
+                if max_token_id.as_ref().is_none_or(|(_, v)| m > *v) {
+                    max_token_id = Some((name.clone(), m));
+                }
+            }
+            Some(None) => {}
+            None => {
+                max_token_id = None;
+                break;
+            }
+        }
+    }
+    Ok(ShardFooter {
+        rows,
+        log_probs: cols.log_probs,
+        max_token_id,
+    })
+}
+
+/// A shard's footer metadata, its resolved columns and its row count.
+fn open_footer(path: &Path) -> Result<(ArrowReaderMetadata, Columns, usize)> {
+    let unreadable =
+        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+    let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
+    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+        .map_err(|e| unreadable(format!("not a readable Parquet file: {e}")))?;
+    let cols = resolve(path, meta.schema())?;
+    let rows = usize::try_from(meta.metadata().file_metadata().num_rows())
+        .map_err(|_| unreadable("negative row count in the footer".into()))?;
+    Ok((meta, cols, rows))
+}
+
+/// The largest value of the integer leaf of column `name` over all row groups: `None` when a row
+/// group has no usable statistics, `Some(None)` when the column holds no value.
+fn column_max(meta: &ParquetMetaData, name: &str) -> Option<Option<i64>> {
+    use parquet::file::statistics::Statistics;
+    let schema = meta.file_metadata().schema_descr();
+    let leaf = (0..schema.num_columns()).find(|&i| schema.column(i).path().parts()[0] == name)?;
+    let mut max = None;
+    for rg in meta.row_groups() {
+        let m = match rg.column(leaf).statistics()? {
+            Statistics::Int32(s) => s.max_opt().map(|&v| i64::from(v)),
+            Statistics::Int64(s) => s.max_opt().copied(),
+            _ => return None,
+        };
+        if rg.num_rows() > 0 && m.is_none() && rg.column(leaf).num_values() > 0 {
+            // Values without a maximum: statistics were not written for this row group.
+            return None;
+        }
+        max = max.max(m);
+    }
+    Some(max)
+}
+
 /// Reads a shard, collecting every problem in the report; structural problems are errors.
 fn load(
     path: &Path,
@@ -303,12 +376,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
     let spare = Spare::from(spare);
     let unreadable =
         |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
-    let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
-    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
-        .map_err(|e| unreadable(format!("not a readable Parquet file: {e}")))?;
-    let cols = resolve(path, meta.schema())?;
-    let rows = usize::try_from(meta.metadata().file_metadata().num_rows())
-        .map_err(|_| unreadable("negative row count in the footer".into()))?;
+    let (meta, cols, rows) = open_footer(path)?;
 
     let meta_cols: Vec<&str> = [&cols.uid, &cols.score]
         .into_iter()

@@ -11,9 +11,27 @@ use arrow_array::{ArrayRef, BooleanArray, Int32Array, StringArray};
 use common::{small_batch, small_config, write_columns};
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_data::{
-    read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, Issue, IssueKind, ReadOptions,
-    StepRange,
+    read_footer, read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, Issue, IssueKind,
+    ReadOptions, StepRange,
 };
+
+#[test]
+fn the_footer_gives_the_log_prob_column_and_the_largest_token_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = small_batch();
+    let path = write_shard(dir.path(), &b).unwrap();
+    let f = read_footer(&path).unwrap();
+    assert_eq!(f.rows, b.len());
+    assert_eq!(f.log_probs, "rollout_log_probs");
+    let max = b
+        .prompt_tokens
+        .iter()
+        .chain(&b.response_tokens)
+        .max()
+        .copied()
+        .unwrap();
+    assert_eq!(f.max_token_id.map(|m| m.1), Some(i64::from(max)));
+}
 
 #[test]
 fn write_then_read_is_identity() {

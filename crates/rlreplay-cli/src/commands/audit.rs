@@ -1,4 +1,5 @@
-//! `rlreplay audit`.
+//! `rlreplay audit`: the logged columns per step, and with `--policy` the off-policy statistics
+//! of a policy against the logged behaviour.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -23,8 +24,10 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_EOS)]
     pub eos: u32,
     /// Skip bad rows instead of stopping at the first problem.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "policy")]
     pub lenient: bool,
+    #[command(flatten)]
+    pub policy: policy::PolicyArgs,
 }
 
 #[derive(Serialize)]
@@ -62,6 +65,8 @@ pub(crate) fn progress(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
+mod policy;
+
 fn table_row(label: &str, s: &AuditStats) -> String {
     format!(
         "{label:>8} {:>6} {:>6} {:>5.1} {:>6.3} {:>6.3} {:>6.3} {:>7.1} {:>8.1} {:>6} {:>6.4} {:>8.4}",
@@ -81,6 +86,9 @@ fn table_row(label: &str, s: &AuditStats) -> String {
 
 /// Runs `rlreplay audit`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.policy.policy.is_some() {
+        return policy::run(args);
+    }
     let ds = Dataset::open_steps(&args.path, args.steps)?;
     let opts = ReadOptions {
         lenient: args.lenient,
