@@ -78,13 +78,12 @@ pub const SKETCH_ALPHA: f64 = 1e-3;
 pub struct AuditConfig {
     /// The rollout-correction keys (`rollout_is`, `rollout_is_threshold`,
     /// `rollout_is_threshold_lower`, `rollout_is_mode`, `rollout_is_batch_normalize`,
-    /// `rollout_rs`, `rollout_rs_threshold`) of the verl `rollout_corr/*` metrics.
+    /// `rollout_rs`, `rollout_rs_threshold`) of the verl `rollout_corr/*` metrics, and
+    /// `success_reward_threshold`: a row succeeded when its score is at least it.
     pub correction: AlgoConfig,
     /// Every IS threshold `C` to study; the lower bound of each is `rollout_is_threshold_lower`,
     /// or `1/C`.
     pub thresholds: Vec<f64>,
-    /// A row succeeded when its score is at least this.
-    pub success_threshold: f64,
 }
 
 impl AuditConfig {
@@ -110,12 +109,6 @@ impl AuditConfig {
                     });
                 }
             }
-        }
-        if !self.success_threshold.is_finite() {
-            return Err(AlgoError::Config {
-                key: "success_reward_threshold",
-                msg: format!("must be finite, got {}", self.success_threshold),
-            });
         }
         Ok(())
     }
@@ -763,7 +756,7 @@ fn step_parts(cfg: &AuditConfig, input: &StepRollouts<'_>) -> Result<StepParts> 
             geo_weight: geo_w,
             kl_k1: if n > 0 { k[0] / n as f64 } else { 0.0 },
             kl_k3: if n > 0 { k[2] / n as f64 } else { 0.0 },
-            success: input.scores[i] >= cfg.success_threshold,
+            success: input.scores[i] >= cfg.correction.success_reward_threshold,
             truncated: input.truncated[i],
             rs_rejected_tokens: rs_mask
                 .as_ref()
@@ -1051,7 +1044,6 @@ mod tests {
                 ..AlgoConfig::default()
             },
             thresholds: thresholds.to_vec(),
-            success_threshold: 0.5,
         }
     }
 

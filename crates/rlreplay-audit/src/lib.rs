@@ -158,7 +158,6 @@ mod tests {
                 ..AlgoConfig::default()
             },
             thresholds: vec![2.0],
-            success_threshold: 0.5,
         }
     }
 

@@ -95,7 +95,7 @@ impl RowsWriter {
             "lower_bounds": cfg.thresholds.iter().map(|&c| cfg.lower(c)).collect::<Vec<_>>(),
             "rollout_rs": cfg.correction.rollout_rs,
             "rollout_rs_threshold": cfg.correction.rollout_rs_threshold,
-            "success_threshold": cfg.success_threshold,
+            "success_reward_threshold": cfg.correction.success_reward_threshold,
         });
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))

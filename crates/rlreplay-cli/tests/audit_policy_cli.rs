@@ -107,8 +107,10 @@ path = "{}"
 steps = "2..2"
 eos_token_id = 1
 
-[algorithm]
+[rollout]
 temperature = 0.7
+
+[algorithm]
 adv_estimator = "grpo"
 loss_mode = "ppo"
 rollout_is = "token"

@@ -69,7 +69,7 @@ pub struct PolicyArgs {
     pub rollout_rs_threshold: Option<String>,
     /// A row succeeded when its score is at least this.
     #[arg(long, default_value_t = 0.5, requires = "policy")]
-    pub success_threshold: f64,
+    pub success_reward_threshold: f64,
     /// Most tokens packed into one forward pass.
     #[arg(long, default_value_t = 8192, requires = "policy")]
     pub max_batch_tokens: usize,
@@ -106,10 +106,10 @@ impl PolicyArgs {
                 rollout_is_batch_normalize: self.rollout_is_batch_normalize,
                 rollout_rs: self.rollout_rs.clone(),
                 rollout_rs_threshold: rs_threshold,
+                success_reward_threshold: self.success_reward_threshold,
                 ..AlgoConfig::default()
             },
             thresholds: self.thresholds.clone(),
-            success_threshold: self.success_threshold,
         };
         cfg.validate().context("audit settings")?;
         Ok(cfg)
