@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Checks that the model crate compiles with the `cuda` feature on a machine without a CUDA
-# installation: installs nvcc and the CUDA headers from PyPI into .venv/cuda, then builds
-# rlreplay-model with `--features cuda` in its own target dir (target/cuda), so the normal build
-# stays valid. It only compiles (candle's PTX kernels included); running needs a GPU and driver.
+# Checks that the GPU code compiles on a machine without a CUDA installation: installs nvcc and
+# the CUDA headers from PyPI into .venv/cuda, then builds rlreplay-model with `--features cuda`
+# and rlreplay-dist with `--features nccl` (and `mpi` where an MPI library is installed) in their
+# own target dir (target/cuda), so the normal build stays valid. It only compiles (candle's PTX
+# kernels included; libnccl is loaded at run time); running needs a GPU and driver.
 #
 # Usage: scripts/check-cuda-build.sh [extra cargo args]
 # Environment: CUDA_COMPUTE_CAP (default 90, H100/H200), CARGO_TARGET_DIR (default target/cuda).
@@ -30,3 +31,7 @@ nvcc --version | tail -2
 cd "$root"
 cargo build -p rlreplay-model --features cuda --release "$@"
 echo "rlreplay-model builds with --features cuda (CUDA $cuda_version, sm_$CUDA_COMPUTE_CAP)"
+dist_features=nccl
+command -v mpicc >/dev/null && dist_features=nccl,mpi
+cargo build -p rlreplay-dist --features "$dist_features" --release "$@"
+echo "rlreplay-dist builds with --features $dist_features"

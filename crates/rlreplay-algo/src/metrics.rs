@@ -74,6 +74,40 @@ impl MetricAccumulator {
         }
     }
 
+    /// The state per metric: the running value (the sum, the extreme, or for a weighted mean
+    /// the weighted sum) and the total weight (weighted means only; 0 otherwise).
+    pub fn state(&self) -> impl Iterator<Item = (&str, f64, f64)> + '_ {
+        self.acc.iter().map(|(k, &(v, w))| (k.as_str(), v, w))
+    }
+
+    /// Folds one metric's state from another accumulator (as [`MetricAccumulator::state`]
+    /// yields it) into this one by the metric's rule: as if that accumulator's micro-batches had
+    /// been added here.
+    pub fn merge_state(&mut self, name: &str, value: f64, weight: f64) {
+        let rule = merge_rule(name);
+        let s = self.acc.entry(name.to_string()).or_insert(match rule {
+            Merge::Max => (f64::NEG_INFINITY, 0.0),
+            Merge::Min => (f64::INFINITY, 0.0),
+            _ => (0.0, 0.0),
+        });
+        match rule {
+            Merge::Sum => s.0 += value,
+            Merge::Max => s.0 = s.0.max(value),
+            Merge::Min => s.0 = s.0.min(value),
+            Merge::WeightedMean => {
+                s.0 += value;
+                s.1 += weight;
+            }
+        }
+    }
+
+    /// Folds every metric of `other` into this one (see [`MetricAccumulator::merge_state`]).
+    pub fn merge(&mut self, other: &Self) {
+        for (k, v, w) in other.state() {
+            self.merge_state(k, v, w);
+        }
+    }
+
     /// The merged metrics. A weighted mean whose weights are all 0 is reported as 0.
     pub fn finish(&self) -> Metrics {
         self.acc
@@ -140,5 +174,12 @@ mod tests {
         assert_eq!(m["actor/pg_loss"], 3.0);
         assert_eq!(m["actor/pg_clipfrac"], 0.125);
         assert_eq!(m["rollout_corr/rollout_is_max"], 3.0);
+
+        // Two accumulators merged give what one would after both halves.
+        let (mut left, mut right) = (MetricAccumulator::new(), MetricAccumulator::new());
+        left.add(&a, 1.0);
+        right.add(&b, 3.0);
+        left.merge(&right);
+        assert_eq!(left.finish(), m);
     }
 }
