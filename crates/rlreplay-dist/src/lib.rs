@@ -22,6 +22,7 @@ pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod partition;
+pub mod rendezvous;
 
 use std::path::PathBuf;
 use std::time::Duration;

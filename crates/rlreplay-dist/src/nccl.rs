@@ -3,11 +3,8 @@
 //!
 //! **Rendezvous.** Rank 0 creates the 128-byte NCCL unique id. Under an MPI launcher (with the
 //! `mpi` feature) it travels by MPI broadcast, and MPI also carries the byte collectives and
-//! the failure diagnosis; otherwise (torchrun) rank 0 writes it atomically to
-//! `nccl-id-<launch>` in the rendezvous directory (the run directory), the other ranks poll for
-//! it, and rank 0 removes it once the communicator is up. `<launch>` comes from the launcher
-//! (`TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID`.`SLURM_STEP_ID`, or `MASTER_ADDR`:`MASTER_PORT`), so
-//! a file left by an earlier crashed run is never read.
+//! the failure diagnosis; otherwise (torchrun) it goes through the run directory
+//! ([`crate::rendezvous`]), and rank 0 removes the file once the communicator is up.
 //!
 //! **Sums.** NCCL's own `Sum`: every rank gets the same bits, but the grouping depends on
 //! NCCL's algorithm (ring, tree, NVLS) and protocol, so runs are reproducible only with them
@@ -18,7 +15,6 @@
 //! with MPI, the report names the ranks that did not answer (as the MPI backend does), without
 //! it the rank prints what it waited for and exits, and the launcher ends the others.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +27,7 @@ use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, Shape, Tensor}
 use crate::collective::{check_root, Collective, Shards};
 use crate::error::{DistError, Result};
 use crate::launch::Placement;
-use crate::Options;
+use crate::{rendezvous, Options};
 
 /// Data-parallel ranks on NCCL, one CUDA device each.
 pub struct NcclCollective {
@@ -104,11 +100,12 @@ impl NcclCollective {
                         .into(),
                 )
             })?;
-            let path = dir.join(format!("nccl-id-{}", launch_key()));
+            let key = rendezvous::launch_key(|k| std::env::var(k).ok());
+            let path = rendezvous::path(dir, "nccl-id", &key);
             if rank == 0 {
-                write_atomically(&path, &id_bytes)?;
+                rendezvous::publish(&path, &id_bytes)?;
             } else {
-                id_bytes = wait_for_file(&path, opts.timeout)?;
+                id_bytes = rendezvous::wait_for(&path, opts.timeout)?;
             }
             Some(path)
         };
@@ -233,46 +230,6 @@ impl NcclCollective {
             out[range.clone()].copy_from_slice(&all[r * width..r * width + range.len()]);
         }
         Ok(())
-    }
-}
-
-/// An identifier of this launch, the same on every rank.
-fn launch_key() -> String {
-    let var = |k: &str| std::env::var(k).ok();
-    if let Some(id) = var("TORCHELASTIC_RUN_ID") {
-        return id;
-    }
-    if let Some(job) = var("SLURM_JOB_ID") {
-        return format!("{job}.{}", var("SLURM_STEP_ID").unwrap_or_default());
-    }
-    match (var("MASTER_ADDR"), var("MASTER_PORT")) {
-        (Some(a), Some(p)) => format!("{a}-{p}"),
-        _ => "local".into(),
-    }
-    .replace(['/', ':'], "-")
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp: PathBuf = path.with_extension("tmp");
-    let io = |e: std::io::Error| DistError::Io(format!("writing {}: {e}", path.display()));
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
-}
-
-fn wait_for_file(path: &Path, timeout: Duration) -> Result<Vec<u8>> {
-    let start = Instant::now();
-    loop {
-        if let Ok(bytes) = std::fs::read(path) {
-            return Ok(bytes);
-        }
-        if start.elapsed() > timeout {
-            return Err(DistError::Timeout(format!(
-                "rank 0 did not write the NCCL unique id {} within {:.0} s",
-                path.display(),
-                timeout.as_secs_f64()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
