@@ -85,15 +85,16 @@ pub fn compute_advantages<S: AsRef<str>>(
                     }
                 }
             }
-            degenerate = whiten(&mut tokens, &valid);
+            degenerate = whiten(&mut tokens, &valid)?;
         }
         AdvEstimator::ReinforcePlusPlusBaseline => {
             let mut include = valid.clone();
-            for g in groups.values() {
+            for (uid, g) in &groups {
                 let mean = if g.len() == 1 {
                     0.0
                 } else {
-                    g.iter().map(|&i| scores[i]).sum::<f64>() / g.len() as f64
+                    let m = g.iter().map(|&i| scores[i]).sum::<f64>() / g.len() as f64;
+                    finite_stat(m, "mean", &format!("group `{uid}`'s scores"))?
                 };
                 for &i in g {
                     let a = scores[i] - mean;
@@ -105,7 +106,7 @@ pub fn compute_advantages<S: AsRef<str>>(
                     }
                 }
             }
-            degenerate = whiten(&mut tokens, &include);
+            degenerate = whiten(&mut tokens, &include)?;
             for (x, &inc) in tokens.iter_mut().zip(&include) {
                 if !inc {
                     *x = 0.0;
@@ -113,13 +114,18 @@ pub fn compute_advantages<S: AsRef<str>>(
             }
         }
         est => {
-            for g in groups.values() {
+            for (uid, g) in &groups {
                 let s: Vec<f64> = g.iter().map(|&i| scores[i]).collect();
                 let l: Vec<usize> = g.iter().map(|&i| lens[i]).collect();
                 let a = if g.len() == 1 && zero_singletons {
                     vec![0.0]
                 } else {
-                    group_advantages(cfg, est, &s, &l)?
+                    let of = format!("group `{uid}`'s scores");
+                    let a = group_advantages(cfg, est, &s, &l, &of)?;
+                    if let Some(x) = a.iter().find(|x| !x.is_finite()) {
+                        finite_stat(*x, "advantage", &of)?;
+                    }
+                    a
                 };
                 for (&i, a) in g.iter().zip(a) {
                     row_adv[i] = a;
@@ -163,21 +169,42 @@ pub fn compute_advantages<S: AsRef<str>>(
 }
 
 /// verl's `masked_whiten` (unbiased variance, 1e-8 guards) in place over the included tokens.
-/// Returns true (and sets everything to 0) when at most one token is included.
-fn whiten(xs: &mut [f64], include: &[bool]) -> bool {
+/// Returns true (and sets everything to 0) when at most one token is included; fails when the
+/// mean or variance overflows.
+fn whiten(xs: &mut [f64], include: &[bool]) -> Result<bool> {
     let n = include.iter().filter(|&&v| v).count() as f64;
     if n <= 1.0 {
         xs.iter_mut().for_each(|x| *x = 0.0);
-        return true;
+        return Ok(true);
     }
     let sel = || xs.iter().zip(include).filter(|(_, &v)| v).map(|(&x, _)| x);
-    let mean = sel().sum::<f64>() / (n + 1e-8);
-    let var = sel().map(|x| (x - mean).powi(2)).sum::<f64>() / (n + 1e-8) * n / (n - 1.0);
+    let mean = finite_stat(
+        sel().sum::<f64>() / (n + 1e-8),
+        "mean",
+        "the batch's returns",
+    )?;
+    let var = finite_stat(
+        sel().map(|x| (x - mean).powi(2)).sum::<f64>() / (n + 1e-8) * n / (n - 1.0),
+        "variance",
+        "the batch's returns",
+    )?;
     let scale = 1.0 / (var + 1e-8).sqrt();
     for x in xs.iter_mut() {
         *x = (*x - mean) * scale;
     }
-    false
+    Ok(false)
+}
+
+/// `value` when finite; otherwise the error that the `what` of `of` overflows f64 (scores so
+/// large that their sums or squares do not fit would otherwise turn into silent zeros or NaN).
+fn finite_stat(value: f64, what: &str, of: &str) -> Result<f64> {
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(AlgoError::Invalid(format!(
+            "the {what} of {of} is {value} in f64: the scores are too large; rescale the rewards"
+        )))
+    }
 }
 
 fn mean(s: &[f64]) -> f64 {
@@ -275,22 +302,25 @@ pub fn maxrl_family_weights(est: AdvEstimator, n: usize, c: usize, t: usize) -> 
     }
 }
 
-/// Advantages of one group (scores `s`, valid lengths `lens`) under a group estimator.
+/// Advantages of one group (scores `s`, valid lengths `lens`, described by `of` in errors) under
+/// a group estimator.
 fn group_advantages(
     cfg: &AlgoConfig,
     est: AdvEstimator,
     s: &[f64],
     lens: &[usize],
+    of: &str,
 ) -> Result<Vec<f64>> {
     let n = s.len();
-    let mu = if n == 1 { 0.0 } else { mean(s) };
+    let mu = finite_stat(if n == 1 { 0.0 } else { mean(s) }, "mean", of)?;
+    let std = || finite_stat(unbiased_std(s), "standard deviation", of);
     // The reference's binarisation, part of these estimators' formulas (algorithms.md §3).
     let binary: Vec<bool> = s.iter().map(|&x| x > ESTIMATOR_BINARY_THRESHOLD).collect();
     let c = binary.iter().filter(|&&b| b).count();
     Ok(match est {
         AdvEstimator::Grpo => {
             if cfg.norm_adv_by_std_in_grpo {
-                let sd = unbiased_std(s);
+                let sd = std()?;
                 s.iter().map(|x| (x - mu) / (sd + EPS)).collect()
             } else {
                 s.iter().map(|x| x - mu).collect()
@@ -329,7 +359,7 @@ fn group_advantages(
                 .fold(f64::NEG_INFINITY, f64::max);
             let mut gap = s[best] - second;
             if cfg.norm_adv_by_std_in_grpo {
-                gap /= unbiased_std(s) + EPS;
+                gap /= std()? + EPS;
             }
             let mut out = vec![0.0; n];
             out[best] = gap;

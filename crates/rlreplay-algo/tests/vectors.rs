@@ -108,6 +108,50 @@ fn maxrl() {
 }
 
 #[test]
+fn overflowing_scores_are_an_error_never_silent_zeros() {
+    // ±1e308: their squares (and some sums) overflow f64, which once turned GRPO's std into
+    // infinity and every advantage into 0.
+    for scores in [
+        vec![1e308, -1e308],
+        vec![1e308, 1e308, 0.0],
+        vec![-1e308, -1e308, 1.0],
+        vec![f64::MAX, 0.0],
+    ] {
+        for name in AdvEstimator::NAMES {
+            let c = cfg(AdvEstimator::from_name(name).unwrap());
+            let uids = vec!["g"; scores.len()];
+            let offsets: Vec<usize> = (0..=scores.len()).collect();
+            match compute_advantages(&c, &uids, &scores, &offsets, None) {
+                Ok(a) => {
+                    assert!(
+                        a.rows.iter().chain(&a.tokens).all(|x| x.is_finite()),
+                        "{name} {scores:?}: {:?}",
+                        a.rows
+                    );
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("rescale the rewards"), "{name}: {msg}");
+                }
+            }
+        }
+    }
+    let err = compute_advantages(
+        &cfg(AdvEstimator::Grpo),
+        &["u", "u"],
+        &[1e308, -1e308],
+        &[0, 1, 2],
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("standard deviation of group `u`'s scores is inf"),
+        "{err}"
+    );
+}
+
+#[test]
 fn singleton_groups_default_to_zero_and_are_counted() {
     // reinforce_plus_plus has no groups: its baseline is the batch whitening.
     for est in AdvEstimator::NAMES

@@ -111,3 +111,16 @@ fn out_of_range_value_names_the_key() {
     assert_eq!(code, 2);
     assert!(err.contains("clip_ratio_c"), "{err}");
 }
+
+#[test]
+fn overflowing_scores_are_an_error() {
+    // ±1e308 once gave zero advantages without a word.
+    let (code, out, err) = compute("huge_scores.json");
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        err.contains("huge_scores.json")
+            && err.contains("standard deviation of group `g`'s scores is inf")
+            && err.contains("rescale the rewards"),
+        "{err}"
+    );
+}

@@ -186,3 +186,98 @@ fn show_decodes_with_the_real_tokenizer() {
         "{s}"
     );
 }
+
+#[test]
+fn synth_refuses_a_non_empty_out_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let shape = |prompts: &str, steps: &str| {
+        vec![
+            "synth",
+            "--out",
+            d,
+            "--steps",
+            steps,
+            "--prompts",
+            prompts,
+            "--group",
+            "4",
+            "--mean-len",
+            "10",
+            "--max-len",
+            "16",
+            "--vocab",
+            "100",
+            "--eos",
+            "99",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
+    };
+    let run = |args: &[String]| rlreplay(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let rows = || {
+        let o = rlreplay(&["audit", d, "--json", "--eos", "99"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let summary: serde_json::Value =
+            serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+        (
+            summary["steps"].as_u64().unwrap(),
+            summary["rows"].as_u64().unwrap(),
+        )
+    };
+    assert!(run(&shape("16", "2")).status.success());
+    assert_eq!(rows(), (2, 128));
+    // 64 rows per step must not silently become 4 in step 1 (and a mixed dataset).
+    let o = run(&shape("1", "1"));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is not empty") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(rows(), (2, 128));
+    // Forced: the old shards are gone, the dataset is exactly the new one.
+    let mut forced = shape("1", "1");
+    forced.push("--force".into());
+    assert!(run(&forced).status.success());
+    assert_eq!(rows(), (1, 4));
+    assert!(!dir.path().join("data/step-0002.parquet").exists());
+}
+
+#[test]
+fn validate_reports_zero_row_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let path =
+        rlreplay_data::write_shard(dir.path(), &rlreplay_data::RolloutBatch::empty(1)).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = rlreplay(&["validate", d]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("empty_shard") && out.contains("holds no rows"),
+        "{out}"
+    );
+    assert!(out.contains(&path.display().to_string()), "{out}");
+    // Reading it for training fails with the same problem instead of an empty step.
+    let err =
+        rlreplay_data::read_shard(&path, 1, &rlreplay_data::ReadOptions::default()).unwrap_err();
+    assert!(format!("{err:#}").contains("holds no rows"), "{err:#}");
+}
+
+#[test]
+fn hub_paths_with_a_query_are_refused_before_any_request() {
+    // Nothing listens on the endpoint: a request would report it unreachable instead.
+    let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(["validate", "hf://datasets/a/b?x=1"])
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("HF_HOME", tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(
+        out.contains("invalid hub path") && out.contains("'?'"),
+        "{out}"
+    );
+}

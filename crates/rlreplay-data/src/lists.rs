@@ -146,10 +146,12 @@ pub(crate) fn read_token_lists(
         Problem::NullList => (IssueKind::NullValue, "null list".to_owned()),
         Problem::NullValue(j) => (IssueKind::NullValue, format!("null token at position {j}")),
         Problem::Bad(j, v) => {
-            let why = if limit <= u64::from(u32::MAX) {
+            let why = if v.starts_with('-') {
+                "negative".to_owned()
+            } else if limit <= u64::from(u32::MAX) {
                 format!("not below the vocabulary size {limit}")
             } else {
-                "not a valid token id".to_owned()
+                "too large for a u32 token id".to_owned()
             };
             (
                 IssueKind::BadTokenId,

@@ -737,6 +737,15 @@ fn check(
         rows_read: d.rows,
         ..ValidationReport::default()
     };
+    if d.rows == 0 {
+        report.push(Issue::new(
+            path,
+            None,
+            None,
+            IssueKind::EmptyShard,
+            "the shard holds no rows",
+        ));
+    }
     let mut bad = vec![false; d.rows];
     for issue in std::mem::take(&mut d.issues) {
         if let Some(r) = issue.row.filter(|&r| r < d.rows) {

@@ -22,6 +22,8 @@ pub enum IssueKind {
     MissingColumn,
     /// A column has a type the reader cannot use.
     WrongType,
+    /// The shard holds no rows (a step with nothing to train on).
+    EmptyShard,
     /// A required value is null.
     NullValue,
     /// A response has no tokens.

@@ -475,3 +475,57 @@ fn mutated_shards_never_panic() {
         "most mutations must be detected: {ok} ok, {err} errors"
     );
 }
+
+#[test]
+fn negative_token_ids_are_called_negative() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid: ArrayRef = Arc::new(StringArray::from(vec!["a", "a"]));
+    let responses = vec![Some(vec![3, 999]), Some(vec![-7, 999])];
+    let path = raw_shard(dir.path(), responses, vec![vec![-0.1, -0.2]; 2], uid);
+    // With and without a vocabulary: the id is negative, not "not below the vocabulary size".
+    for vocab in [None, Some(1000)] {
+        let opts = ReadOptions { vocab, ..STRICT };
+        let msg = expect_issue(
+            &path,
+            &opts,
+            IssueKind::BadTokenId,
+            Some(1),
+            Some("response_token_ids"),
+        );
+        assert!(
+            msg.contains("token id -7 at position 0 is negative"),
+            "{msg}"
+        );
+        assert!(!msg.contains("vocabulary"), "{msg}");
+    }
+    let opts = ReadOptions {
+        vocab: Some(5),
+        ..STRICT
+    };
+    let msg = expect_issue(
+        &path,
+        &opts,
+        IssueKind::BadTokenId,
+        Some(0),
+        Some("response_token_ids"),
+    );
+    assert!(
+        msg.contains("token id 999 at position 1 is not below the vocabulary size 5"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn zero_row_shards_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = shard(dir.path(), &RolloutBatch::empty(1));
+    let msg = expect_issue(&path, &STRICT, IssueKind::EmptyShard, None, None);
+    assert!(msg.contains("the shard holds no rows"), "{msg}");
+    let report = validate_shard(&path, 1, &STRICT);
+    assert_eq!(report.counts[&IssueKind::EmptyShard], 1, "{report}");
+    // Lenient reads count it and return the empty step (not a structural problem).
+    let (b, report) = read_shard(&path, 1, &LENIENT).unwrap();
+    assert!(b.is_empty());
+    assert_eq!(report.counts[&IssueKind::EmptyShard], 1);
+    assert!(!IssueKind::EmptyShard.is_structural());
+}

@@ -5,7 +5,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use common::small_config;
@@ -14,8 +14,29 @@ use rlreplay_data::{Dataset, HubConfig, HubPath, ReadOptions, StepRange};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
-/// A fixture hub: serves `GET /api/datasets/{repo}/revision/main` (the file list) and
-/// `GET /datasets/{repo}/resolve/main/{file}` (with Range support), logging every file request.
+/// What the fixture hub answers beside its files.
+#[derive(Clone)]
+struct Listing {
+    /// The listing's commit id.
+    sha: String,
+    /// Names listed in addition to the served files (never served).
+    extra: Vec<String>,
+    /// The ETag sent for every file (default: one derived from the file).
+    etag: Option<String>,
+}
+
+impl Default for Listing {
+    fn default() -> Self {
+        Self {
+            sha: COMMIT.into(),
+            extra: Vec::new(),
+            etag: None,
+        }
+    }
+}
+
+/// A fixture hub: serves `GET /api/datasets/{repo}/revision/{rev}` (the file list) and
+/// `GET /datasets/{repo}/resolve/{rev}/{file}` (with Range support), logging every request.
 struct FakeHub {
     endpoint: String,
     log: Arc<Mutex<Vec<String>>>,
@@ -25,6 +46,7 @@ fn respond(
     mut s: TcpStream,
     files: &BTreeMap<String, Vec<u8>>,
     repo: &str,
+    listing: &Listing,
     log: &Mutex<Vec<String>>,
 ) {
     let mut reader = BufReader::new(s.try_clone().unwrap());
@@ -49,15 +71,22 @@ fn respond(
             auth = Some(h.trim().to_owned());
         }
     }
-    let info = format!("/api/datasets/{repo}/revision/main");
-    let prefix = format!("/datasets/{repo}/resolve/main/");
-    let (status, headers, body): (&str, String, Vec<u8>) = if path == info {
+    let info = format!("/api/datasets/{repo}/revision/");
+    let prefix = format!("/datasets/{repo}/resolve/");
+    let file = path
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.split_once('/'))
+        .map(|(_rev, f)| f);
+    let (status, headers, body): (&str, String, Vec<u8>) = if path.starts_with(&info) {
+        log.lock().unwrap().push(format!("LIST {path}"));
         let siblings: Vec<String> = files
             .keys()
-            .map(|f| format!("{{\"rfilename\":\"{f}\"}}"))
+            .chain(&listing.extra)
+            .map(|f| serde_json::json!({ "rfilename": f }).to_string())
             .collect();
         let body = format!(
-            "{{\"sha\":\"{COMMIT}\",\"siblings\":[{}]}}",
+            "{{\"sha\":{},\"siblings\":[{}]}}",
+            serde_json::Value::from(listing.sha.as_str()),
             siblings.join(",")
         );
         (
@@ -65,20 +94,25 @@ fn respond(
             "Content-Type: application/json\r\n".into(),
             body.into_bytes(),
         )
-    } else if let Some(data) = path.strip_prefix(&prefix).and_then(|f| files.get(f)) {
+    } else if let Some(data) = file.and_then(|f| files.get(f)) {
         log.lock()
             .unwrap()
             .push(format!("{path} {:?} {}", range, auth.is_some()));
         let (a, b) = range.map_or((0, data.len() - 1), |(a, b)| {
             (a, b.unwrap_or(data.len() - 1).min(data.len() - 1))
         });
+        let etag = listing
+            .etag
+            .clone()
+            .unwrap_or_else(|| format!("\"etag-{}\"", path.len() * 7919 % 100_003 + data.len()));
         let headers = format!(
-            "X-Repo-Commit: {COMMIT}\r\nETag: \"etag-{}\"\r\nContent-Range: bytes {a}-{b}/{}\r\n",
-            path.len() * 7919 % 100_003 + data.len(),
+            "X-Repo-Commit: {}\r\nETag: {etag}\r\nContent-Range: bytes {a}-{b}/{}\r\n",
+            listing.sha,
             data.len()
         );
         ("206 Partial Content", headers, data[a..=b].to_vec())
     } else {
+        log.lock().unwrap().push(format!("404 {path}"));
         ("404 Not Found", String::new(), b"not found".to_vec())
     };
     let _ = write!(
@@ -95,27 +129,54 @@ fn respond(
 
 impl FakeHub {
     fn start(repo: &str, files: BTreeMap<String, Vec<u8>>) -> FakeHub {
+        Self::start_with(repo, files, Listing::default())
+    }
+
+    fn start_with(repo: &str, files: BTreeMap<String, Vec<u8>>, listing: Listing) -> FakeHub {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
         let (repo, log2) = (repo.to_owned(), log.clone());
         std::thread::spawn(move || {
             for s in listener.incoming().flatten() {
-                respond(s, &files, &repo, &log2);
+                respond(s, &files, &repo, &listing, &log2);
             }
         });
         FakeHub { endpoint, log }
     }
 
+    /// File downloads (not the one-byte metadata requests, not the listing).
     fn downloads(&self) -> Vec<String> {
         self.log
             .lock()
             .unwrap()
             .iter()
-            .filter(|l| !l.contains("Some((0, Some(0)))"))
+            .filter(|l| !l.contains("Some((0, Some(0)))") && !l.starts_with("LIST"))
             .cloned()
             .collect()
     }
+
+    /// Every request, in order.
+    fn requests(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// Every path under `dir`, relative, sorted (symbolic links are not followed).
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 fn fixture_files() -> BTreeMap<String, Vec<u8>> {
@@ -224,4 +285,161 @@ fn dataset_open_reads_hub_datasets_through_the_environment() {
         std::fs::read_to_string(dir.join("README.md")).unwrap(),
         "# fixture\n"
     );
+}
+
+/// A cache inside an otherwise empty directory, to see whether anything lands next to it.
+fn fenced_cache() -> (tempfile::TempDir, PathBuf) {
+    let outer = tempfile::tempdir().unwrap();
+    let cache = outer.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    (outer, cache)
+}
+
+#[test]
+fn unsafe_listed_names_are_refused_before_any_download() {
+    let outside = tempfile::tempdir().unwrap();
+    let absolute = outside.path().join("some/where/step-0001.parquet");
+    let names = [
+        absolute.display().to_string(),
+        "../../../../escape/step-0001.parquet".to_owned(),
+        "../../../../../../../../tmp/escape-step-0001.parquet".to_owned(),
+        "data\\step-0009.parquet".to_owned(),
+        "data//step-0009.parquet".to_owned(),
+        "./data/step-0009.parquet".to_owned(),
+    ];
+    for bad in names {
+        let listing = Listing {
+            extra: vec![bad.clone()],
+            ..Listing::default()
+        };
+        let hub = FakeHub::start_with("owner/rollouts", fixture_files(), listing);
+        let (outer, cache) = fenced_cache();
+        let cfg = config(&hub.endpoint, cache.clone());
+        let path = HubPath::parse("hf://datasets/owner/rollouts")
+            .unwrap()
+            .unwrap();
+        // Refused even when the unsafe name is not among the wanted files.
+        for wanted in [
+            &(|n: &str| n.ends_with(".parquet")) as &dyn Fn(&str) -> bool,
+            &|n: &str| n == "README.md",
+        ] {
+            let err = format!("{:#}", path.download(&cfg, wanted).unwrap_err());
+            assert!(
+                err.contains("unsafe file") && err.contains(&format!("{bad:?}")),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(hub.downloads(), Vec::<String>::new(), "{bad}");
+        assert_eq!(
+            hub.requests()
+                .iter()
+                .filter(|r| !r.starts_with("LIST"))
+                .count(),
+            0,
+            "{bad}: {:?}",
+            hub.requests()
+        );
+        assert_eq!(tree(outer.path()), vec!["cache"], "{bad}");
+        assert!(!absolute.exists() && !outside.path().join("some").exists());
+        assert!(!Path::new("/tmp/escape-step-0001.parquet").exists());
+    }
+}
+
+#[test]
+fn unsafe_commit_ids_and_etags_are_refused() {
+    let cases = [
+        (
+            Listing {
+                sha: "../../../../escape".into(),
+                ..Listing::default()
+            },
+            "commit id",
+        ),
+        (
+            Listing {
+                sha: "/tmp/escape".into(),
+                ..Listing::default()
+            },
+            "commit id",
+        ),
+        (
+            Listing {
+                etag: Some("\"../../../../escape\"".into()),
+                ..Listing::default()
+            },
+            "ETag",
+        ),
+        (
+            Listing {
+                etag: Some("/tmp/escape-blob".into()),
+                ..Listing::default()
+            },
+            "ETag",
+        ),
+    ];
+    for (listing, needle) in cases {
+        let hub = FakeHub::start_with("owner/rollouts", fixture_files(), listing);
+        let (outer, cache) = fenced_cache();
+        let cfg = config(&hub.endpoint, cache.clone());
+        let err = HubPath::parse("hf://datasets/owner/rollouts")
+            .unwrap()
+            .unwrap()
+            .download(&cfg, &|n| n == "README.md")
+            .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains(needle), "{err}");
+        assert_eq!(hub.downloads(), Vec::<String>::new());
+        // Nothing outside the cache, and no blob inside it.
+        assert_eq!(tree(outer.path()), vec!["cache"], "{err}");
+        assert!(!Path::new("/tmp/escape-blob").exists());
+    }
+}
+
+#[test]
+fn a_query_in_the_repository_id_never_reaches_the_endpoint() {
+    let hub = FakeHub::start("owner/rollouts", fixture_files());
+    for spec in [
+        "hf://datasets/owner/rollouts?x=1",
+        "hf://datasets/owner/rollouts#x",
+        "hf://datasets/owner/rollouts@main?x=1",
+        "hf://datasets/owner/../rollouts",
+    ] {
+        let err = HubPath::parse(spec).unwrap().unwrap_err().to_string();
+        assert!(err.contains("invalid hub path"), "{spec}: {err}");
+    }
+    assert!(hub.requests().is_empty());
+}
+
+#[test]
+fn files_are_blobs_linked_from_the_snapshot() {
+    let files = fixture_files();
+    let hub = FakeHub::start("owner/rollouts", files.clone());
+    let (outer, cache) = fenced_cache();
+    let cfg = config(&hub.endpoint, cache.clone());
+    let path = HubPath::parse("hf://datasets/owner/rollouts@v1.0")
+        .unwrap()
+        .unwrap();
+    let got = path.download(&cfg, &|n| n == "README.md").unwrap();
+    let repo = cache.join("datasets--owner--rollouts");
+    assert_eq!(
+        got[0].1,
+        repo.join("snapshots").join(COMMIT).join("README.md")
+    );
+    let link = std::fs::read_link(&got[0].1).unwrap();
+    assert!(link.starts_with("../../blobs"), "{}", link.display());
+    assert_eq!(std::fs::read(&got[0].1).unwrap(), files["README.md"]);
+    assert_eq!(
+        std::fs::read_to_string(repo.join("refs/v1.0")).unwrap(),
+        COMMIT
+    );
+    // Fetched at the listed commit; a second call finds the file in the cache.
+    assert!(hub.downloads()[0].starts_with(&format!(
+        "/datasets/owner/rollouts/resolve/{COMMIT}/README.md"
+    )));
+    path.download(&cfg, &|n| n == "README.md").unwrap();
+    assert_eq!(hub.downloads().len(), 1);
+    assert!(tree(outer.path()).iter().all(|p| p.starts_with("cache")));
+    assert!(tree(&repo.join("blobs"))
+        .iter()
+        .all(|p| !p.ends_with(".part")));
 }

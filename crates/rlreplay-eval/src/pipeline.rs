@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use rlreplay_model::{DType, Device, Model};
+use rlreplay_model::{DType, Device, MemoryEstimate, Model, ModelConfig, Workload};
 
 use crate::dataset::PromptItem;
 use crate::scoring::{Answer, Scorer};
@@ -18,17 +18,31 @@ pub struct Policy {
     pub decoder: Decoder,
     /// The tokenizer and chat template.
     pub chat: ChatTokenizer,
+    /// The weights holding NaN or infinite values, with how many each holds (a warning for the
+    /// user: what depends on them is NaN).
+    pub non_finite_weights: Vec<(String, usize)>,
 }
 
 impl Policy {
     /// Loads a Hugging Face model directory; the tokenizer files (`tokenizer.json`,
-    /// `tokenizer_config.json`) come from `tokenizer_dir`, or from the model directory.
+    /// `tokenizer_config.json`) come from `tokenizer_dir`, or from the model directory. Refused
+    /// with the estimate, before any weight is read, when the weights and the decoder's copy do
+    /// not fit in the available memory.
     pub fn load(model_dir: &Path, tokenizer_dir: Option<&Path>, dtype: DType) -> Result<Self> {
-        let model = Model::load(model_dir, dtype, &Device::Cpu)
-            .with_context(|| format!("loading the model in {}", model_dir.display()))?;
+        let context = || format!("loading the model in {}", model_dir.display());
+        let cfg = ModelConfig::from_hf_json(model_dir.join("config.json")).with_context(context)?;
+        MemoryEstimate::new(&cfg, dtype, Workload::Sampling)
+            .check(&Device::Cpu)
+            .with_context(context)?;
+        let model = Model::load(model_dir, dtype, &Device::Cpu).with_context(context)?;
+        let non_finite_weights = model.non_finite_params()?;
         let decoder = Decoder::new(&model)?;
         let chat = ChatTokenizer::from_dir(tokenizer_dir.unwrap_or(model_dir))?;
-        Ok(Self { decoder, chat })
+        Ok(Self {
+            decoder,
+            chat,
+            non_finite_weights,
+        })
     }
 
     /// Renders and tokenizes every prompt.

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
 use crate::model::master_dtype;
-use crate::{Error, Model, ModelConfig, Result};
+use crate::{Error, MemoryEstimate, Model, ModelConfig, Result, Workload};
 
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -123,10 +123,15 @@ impl Model {
     /// Loads a Hugging Face checkpoint directory (`config.json` plus `model.safetensors` or shards
     /// with `model.safetensors.index.json`) of any supported architecture, memory-mapped. Stored
     /// bf16/f16/f32/f64 tensors are converted to the master dtype; `dtype` is the compute dtype. A
-    /// missing, extra or mis-shaped tensor is an error naming it.
+    /// missing, extra or mis-shaped tensor is an error naming it. Refused with the estimate, before
+    /// any tensor is read, when the weights do not fit in the device's available memory
+    /// ([`MemoryEstimate`]).
     pub fn load(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
         let dir = dir.as_ref();
         let cfg = ModelConfig::from_hf_json(dir.join("config.json"))?;
+        MemoryEstimate::new(&cfg, dtype, Workload::Inference)
+            .check(device)
+            .map_err(|e| Error::Memory(format!("{}: {e}", dir.display())))?;
         let files = weight_files(dir)?;
         // SAFETY: the files are mapped read-only; like every mmap-based loader we rely on them not
         // being truncated while the model loads.

@@ -13,6 +13,9 @@
 //! - [`generate::Decoder`]: the KV-cache decoder sampling runs on.
 //! - [`ModelConfig`]: the configuration, read from a Hugging Face `config.json`.
 //! - [`mixed_logprobs`]: per-token log-probs under a weighted mixture of several models' logits.
+//! - [`MemoryEstimate`]: what a model of a configuration needs (weights, and for its
+//!   [`Workload`] a decoder copy or gradients and optimizer state), checked against the device's
+//!   available memory before anything is allocated.
 //! - [`AdamW`], [`LrSchedule`]: the optimizer (verl/torch semantics) and learning-rate schedules.
 #![warn(missing_docs)]
 
@@ -21,6 +24,7 @@ mod checkpoint;
 mod config;
 pub mod generate;
 pub mod layer;
+mod memory;
 mod mixed;
 mod model;
 pub mod ops;
@@ -33,6 +37,7 @@ pub use candle_core::{DType, Device};
 pub use causal_lm::CausalLm;
 pub use checkpoint::{SaveOptions, TOKENIZER_FILES};
 pub use config::{Architecture, ModelConfig};
+pub use memory::{available_memory, MemoryEstimate, Workload};
 pub use mixed::mixed_logprobs;
 pub use model::{Model, Param, TokenLogProbs};
 pub use optim::{AdamW, AdamWConfig, LrSchedule, StepReport};
@@ -50,6 +55,9 @@ pub enum Error {
     /// Invalid input to a model call (token ids, gradient lengths, ...).
     #[error("{0}")]
     Input(String),
+    /// Not enough memory for the model, with the estimate and what is available.
+    #[error("{0}")]
+    Memory(String),
     /// A file-system error, with the path it concerns.
     #[error("{0}")]
     Io(String),

@@ -12,7 +12,7 @@ use rand_distr::{Distribution, Normal};
 use crate::layer::{DecoderLayer, LayerCtx, Rotary, VarBuilder, WeightSource};
 use crate::ops;
 use crate::pack::{Packed, SeqPair};
-use crate::{Error, ModelConfig, Result};
+use crate::{Error, MemoryEstimate, ModelConfig, Result, Workload};
 
 /// Standard deviation of the random initialisation of matrices (Hugging Face `initializer_range`).
 const INIT_STD: f64 = 0.02;
@@ -126,10 +126,12 @@ impl Model {
 
     /// A randomly initialised model, deterministic for a given `seed`: matrices and biases drawn
     /// from N(0, 0.02²) as Hugging Face draws matrices, norm weights set to 1. `dtype` is the
-    /// compute dtype; master weights are f32 (f64 for an f64 model).
+    /// compute dtype; master weights are f32 (f64 for an f64 model). Refused with the estimate
+    /// when the weights do not fit in the device's available memory ([`MemoryEstimate`]).
     pub fn new_random(cfg: ModelConfig, seed: u64, dtype: DType, device: &Device) -> Result<Self> {
         cfg.validate()?;
         check_compute_dtype(dtype)?;
+        MemoryEstimate::new(&cfg, dtype, Workload::Inference).check(device)?;
         let master = master_dtype(dtype);
         let normal = Normal::new(0.0f64, INIT_STD).expect("valid normal distribution");
         let mut source = |name: &str, shape: &[usize], i: usize| -> Result<Tensor> {
@@ -216,6 +218,43 @@ impl Model {
     /// Clears the accumulated gradients.
     pub fn zero_grad(&mut self) {
         self.grads.iter_mut().for_each(|g| *g = None);
+    }
+
+    /// The parameters holding NaN or infinite values, with how many each holds (empty for a
+    /// healthy model). Reads the weights in chunks of at most 4 Mi values.
+    pub fn non_finite_params(&self) -> Result<Vec<(String, usize)>> {
+        const CHUNK: usize = 1 << 22;
+        let mut out = Vec::new();
+        for p in &self.params {
+            let t = p.var.as_tensor();
+            let rows = t.dim(0)?;
+            let per_row = (t.elem_count() / rows.max(1)).max(1);
+            let step = (CHUNK / per_row).max(1);
+            let mut bad = 0;
+            let mut start = 0;
+            while start < rows {
+                let n = step.min(rows - start);
+                let chunk = t.narrow(0, start, n)?.flatten_all()?;
+                bad += match chunk.dtype() {
+                    DType::F64 => chunk
+                        .to_vec1::<f64>()?
+                        .iter()
+                        .filter(|x| !x.is_finite())
+                        .count(),
+                    _ => chunk
+                        .to_dtype(DType::F32)?
+                        .to_vec1::<f32>()?
+                        .iter()
+                        .filter(|x| !x.is_finite())
+                        .count(),
+                };
+                start += n;
+            }
+            if bad > 0 {
+                out.push((p.name.clone(), bad));
+            }
+        }
+        Ok(out)
     }
 
     /// The global L2 norm of the accumulated gradients (0 when there are none).

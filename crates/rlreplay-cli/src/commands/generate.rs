@@ -98,6 +98,7 @@ impl SamplingArgs {
         what: &str,
     ) -> Result<Sampled> {
         let policy = Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype)?;
+        super::warn_non_finite(&self.model, &policy.non_finite_weights);
         let encoded = policy.encode(items, self.chat_options())?;
         let bar = progress_bar(items.len() * n, what);
         let gens = generate(&policy.decoder, &encoded, n, params, self.batch, |_| {

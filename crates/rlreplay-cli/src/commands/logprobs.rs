@@ -62,6 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device = Device::cuda_if_available(0)?;
     let model = Model::load(&args.model, dtype, &device)
         .with_context(|| format!("loading the model from {}", args.model.display()))?;
+    super::warn_non_finite(&args.model, &model.non_finite_params()?);
     let cfg = model.config();
 
     let input =
@@ -74,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let mut batch: Vec<Line> = Vec::new();
     let mut batch_tokens = 0;
+    let mut nan = 0usize;
     for (i, line) in BufReader::new(input).lines().enumerate() {
         let where_ = || format!("{} line {}", args.input.display(), i + 1);
         let line = line.with_context(where_)?;
@@ -110,23 +112,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let fed = SeqPair::new(&rec.prompt_token_ids, &rec.response_token_ids).fed_tokens();
         if !batch.is_empty() && batch_tokens + fed > args.max_batch_tokens {
-            flush(&model, &mut batch, &args, &mut out)?;
+            flush(&model, &mut batch, &args, &mut out, &mut nan)?;
             batch_tokens = 0;
         }
         batch_tokens += fed;
         batch.push(rec);
     }
-    flush(&model, &mut batch, &args, &mut out)?;
+    flush(&model, &mut batch, &args, &mut out, &mut nan)?;
     out.flush().context("writing the output")?;
+    if nan > 0 {
+        eprintln!("warning: {nan} log-prob(s) or entropies are NaN (written as null)");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Scores the buffered lines in one packed pass and writes their output lines.
+/// Scores the buffered lines in one packed pass and writes their output lines; counts the NaN
+/// values written (as JSON null) in `nan`.
 fn flush(
     model: &Model,
     batch: &mut Vec<Line>,
     args: &Args,
     out: &mut dyn Write,
+    nan: &mut usize,
 ) -> anyhow::Result<()> {
     if batch.is_empty() {
         return Ok(());
@@ -145,6 +152,8 @@ fn flush(
             v.to_vec().into()
         }
     };
+    let count = |v: &[Vec<f64>]| v.iter().flatten().filter(|x| x.is_nan()).count();
+    *nan += count(&res.logprobs) + res.entropy.as_deref().map_or(0, count);
     for (i, lp) in res.logprobs.iter().enumerate() {
         let mut obj = serde_json::Map::new();
         obj.insert("logprobs".into(), values(lp));

@@ -65,3 +65,14 @@ impl RunArgs {
         }
     }
 }
+
+/// Warns on stderr about weights holding NaN or infinite values (what depends on them is NaN).
+pub fn warn_non_finite(model: &std::path::Path, found: &[(String, usize)]) {
+    for (name, n) in found {
+        eprintln!(
+            "warning: {}: tensor {name} holds {n} NaN or infinite value(s); log-probs and logits \
+             that depend on it are NaN",
+            model.display()
+        );
+    }
+}

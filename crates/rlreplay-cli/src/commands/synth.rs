@@ -1,8 +1,9 @@
 //! `rlreplay synth`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::{bail, Context};
 use rlreplay_data::synth::{write_dataset, SynthConfig};
 use rlreplay_data::DEFAULT_EOS;
 
@@ -45,6 +46,47 @@ pub struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Write into a non-empty output directory; the `.parquet` shards already in OUT/data are
+    /// removed first, so that the dataset holds only the new steps.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Refuses a non-empty `out` unless `force`; with `force`, removes the shards in `out/data`.
+fn prepare_out(out: &Path, force: bool) -> anyhow::Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!("--out {} exists and is not a directory", out.display());
+    }
+    let entries = match std::fs::read_dir(out) {
+        Ok(e) => e.count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out.display())),
+    };
+    if entries == 0 {
+        return Ok(());
+    }
+    if !force {
+        bail!(
+            "--out {} is not empty ({entries} entr{}); refusing to mix a new dataset into it \
+             (pass --force to replace the shards in {})",
+            out.display(),
+            if entries == 1 { "y" } else { "ies" },
+            out.join("data").display()
+        );
+    }
+    let data = out.join("data");
+    let Ok(shards) = std::fs::read_dir(&data) else {
+        return Ok(());
+    };
+    for e in shards {
+        let p = e
+            .with_context(|| format!("reading {}", data.display()))?
+            .path();
+        if p.extension().is_some_and(|x| x == "parquet") && p.is_file() {
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs `rlreplay synth`.
@@ -62,6 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         pattern_len: args.pattern_len,
         seed: args.seed,
     };
+    prepare_out(&args.out, args.force)?;
     let bar = super::audit::progress(cfg.steps, "synth");
     let files = write_dataset(&args.out, &cfg, |_| bar.inc(1))?;
     bar.finish_and_clear();
