@@ -5,7 +5,8 @@ verify_latex: short gold/prediction pairs of the verifier's differential-testing
 pieces of long chains and deep nesting (`chain-*`, which the target also verifies repeated to 4 KiB);
 and fuzz/stress/: large pairs in the same format for the time-limit check.
 read_shard: small rollout shards in the canonical schema and in the published run's aliased layout,
-with several compressions, encodings and page sizes (needs pyarrow: .venv/arrow/bin/python).
+with several compressions, encodings and page sizes, a shard without rows and one with a negative
+token id (needs pyarrow: .venv/arrow/bin/python).
 
 Usage: .venv/arrow/bin/python fuzz/make_seeds.py   (rewrites the generated seeds, keeps others)
 """
@@ -127,7 +128,15 @@ def shard_seeds():
             "data_source": ["math"] * rows,
         }
     )
+    # A step without rows, and a negative response token id (row 2): both must be reported.
+    negative = canonical.set_column(
+        canonical.schema.get_field_index("response_token_ids"),
+        "response_token_ids",
+        ints([[-7, 200, 151645] if i == 2 else r for i, r in enumerate(response)], pa.int32()),
+    )
     variants = [
+        ("canonical-zero-rows", canonical.slice(0, 0), dict(compression="zstd")),
+        ("canonical-negative-id", negative, dict(compression="none")),
         ("canonical-zstd", canonical, dict(compression="zstd")),
         ("canonical-plain", canonical, dict(compression="none", use_dictionary=False)),
         ("canonical-snappy-v1", canonical, dict(compression="snappy", data_page_version="1.0")),

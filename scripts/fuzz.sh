@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes one cargo-fuzz target of fuzz/ for SECONDS on the stable toolchain (see docs/FUZZING.md).
 #
-#   scripts/fuzz.sh verify_latex|read_shard SECONDS [libFuzzer flags...]
+#   scripts/fuzz.sh verify_latex|read_shard|hub_names SECONDS [libFuzzer flags...]
 #
 # Needs `cargo install cargo-fuzz`. cargo-fuzz passes nightly-only flags to rustc (-Zsanitizer,
 # sanitizer-coverage passes); RUSTC_BOOTSTRAP=1 lets the stable compiler accept them. One libFuzzer
@@ -12,13 +12,14 @@
 # Parquet and Arrow crates' unsafe code would need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: scripts/fuzz.sh verify_latex|read_shard SECONDS [libFuzzer flags...]"
+usage="usage: scripts/fuzz.sh verify_latex|read_shard|hub_names SECONDS [libFuzzer flags...]"
 target=${1:?$usage}
 seconds=${2:?$usage}
 shift 2
 case $target in
   verify_latex) dict=fuzz/latex.dict features=() ;;
   read_shard) dict=fuzz/parquet.dict features=(--features shard) ;;
+  hub_names) dict=fuzz/hub.dict features=(--features shard) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -2,7 +2,9 @@
 //! file for a bad shard), never takes the process down, and what it returns is consistent.
 //!
 //! The input is written to `step-0001.parquet` in a private temporary directory (the reader
-//! takes paths) and read strictly, leniently and by `validate_shard`.
+//! takes paths) and read strictly, leniently and by `validate_shard`. A negative token id is
+//! reported as negative, and a readable shard without rows is reported (`empty_shard`) and
+//! refused by strict reads.
 //!
 //! The reader turns a panic inside the Parquet decoder into an "unreadable" error, as it does in
 //! production, so such panics are not failures here: each distinct one is printed once
@@ -15,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex, Once};
 
 use libfuzzer_sys::fuzz_target;
-use rlreplay_data::{read_shard, validate_shard, ReadOptions, RolloutBatch};
+use rlreplay_data::{read_shard, validate_shard, IssueKind, ReadOptions, RolloutBatch};
 
 struct Shard {
     _dir: tempfile::TempDir,
@@ -108,5 +110,16 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let _ = validate_shard(path, 1, &strict);
+    let report = validate_shard(path, 1, &strict);
+    for issue in &report.issues {
+        // A negative id is called negative, never "not below the vocabulary size".
+        if issue.kind == IssueKind::BadTokenId && issue.message.contains("token id -") {
+            assert!(issue.message.contains("negative"), "{issue}");
+        }
+    }
+    // A readable shard without rows is reported, and a strict read refuses it.
+    if report.rows_read == 0 && !report.counts.keys().any(|k| k.is_structural()) {
+        assert_eq!(report.counts.get(&IssueKind::EmptyShard), Some(&1), "{report}");
+        assert!(read_shard(path, 1, &strict).is_err());
+    }
 });
