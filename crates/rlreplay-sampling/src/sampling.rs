@@ -1,6 +1,7 @@
 //! Token sampling from logits: temperature, top-k, top-p, and the log-prob of the sampled token
 //! under the tempered full-vocabulary distribution `log softmax(z / τ)`, which is what a trainer
-//! recomputes. Each sequence has its own random stream, so batching does not change results.
+//! recomputes (or, on request, under the distribution actually sampled from, or the raw one; see
+//! [`LogprobMode`]). Each sequence has its own random stream, so batching does not change results.
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
@@ -63,6 +64,22 @@ impl SamplingParams {
     }
 }
 
+/// Which distribution a returned log-prob is of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogprobMode {
+    /// `log softmax(z / τ)` over the full vocabulary: after temperature, before top-k/top-p (what
+    /// the trainer recomputes at temperature τ; SGLang's semantics).
+    #[default]
+    Tempered,
+    /// The distribution the token was drawn from: after temperature and the top-k/top-p
+    /// restriction renormalised (vLLM's `processed_logprobs`). Equal to `Tempered` when top-k and
+    /// top-p keep every token; greedy decoding gives `log softmax(z)`.
+    Processed,
+    /// `log softmax(z)`: before temperature and top-k/top-p (vLLM's `raw_logprobs`).
+    Raw,
+}
+
 /// A sampled token and its log-prob under `log softmax(z / τ)` over the full vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampled {
@@ -70,6 +87,30 @@ pub struct Sampled {
     pub token: u32,
     /// Its log-prob.
     pub logprob: f32,
+    /// `ln` of the tempered probability mass of the tokens top-k and top-p kept (0 when they keep
+    /// every token, and for greedy decoding).
+    pub log_kept: f32,
+}
+
+impl Sampled {
+    /// The token's log-prob under `mode`, from the `logits` it was sampled from with `params`.
+    pub fn logprob_as(&self, mode: LogprobMode, logits: &[f32], params: &SamplingParams) -> f32 {
+        match mode {
+            LogprobMode::Tempered => self.logprob,
+            LogprobMode::Processed => self.logprob - self.log_kept,
+            LogprobMode::Raw if params.temperature == 0.0 || params.temperature == 1.0 => {
+                self.logprob
+            }
+            LogprobMode::Raw => logits[self.token as usize] - log_sum_exp(logits),
+        }
+    }
+}
+
+/// `ln Σ exp(z)` in f64, rounded to f32.
+fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&z| f64::from(z - max).exp()).sum();
+    max + sum.ln() as f32
 }
 
 /// Reusable buffers for [`sample`].
@@ -125,13 +166,82 @@ pub fn sample(
         return Sampled {
             token: arg as u32,
             logprob: logprob_of(arg),
+            log_kept: 0.0,
         };
     }
-    let token = draw(sum, params, rng, scratch);
+    let (token, kept) = draw(sum, params, rng, scratch);
     Sampled {
         token,
         logprob: logprob_of(token as usize),
+        log_kept: if kept >= 1.0 { 0.0 } else { kept.ln() as f32 },
     }
+}
+
+/// The `n` most likely tokens of `logits` under `params` (in the sampling order: higher
+/// probability, then lower id) and their log-probs under `mode`; under
+/// [`LogprobMode::Processed`] a token that top-k or top-p cut has log-prob minus infinity.
+/// `sampled` is the draw from the same logits (it carries the kept mass).
+pub fn top_logprobs(
+    logits: &[f32],
+    params: &SamplingParams,
+    mode: LogprobMode,
+    n: usize,
+    sampled: &Sampled,
+    scratch: &mut SamplerScratch,
+) -> Vec<(u32, f32)> {
+    let n = n.min(logits.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let greedy = params.temperature == 0.0;
+    let inv_t = if greedy {
+        1.0
+    } else {
+        1.0 / params.temperature
+    };
+    let max_t = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
+    let exps = &mut scratch.exps;
+    exps.clear();
+    exps.extend(logits.iter().map(|&z| (z * inv_t - max_t).exp()));
+    let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
+    let log_z = max_t + sum.ln() as f32;
+    let probs = &mut scratch.probs;
+    fill_probs(probs, exps, sum);
+    if n < probs.len() {
+        probs.select_nth_unstable_by(n - 1, by_prob_desc);
+    }
+    let head = &mut probs[..n];
+    head.sort_unstable_by(by_prob_desc);
+    let raw_lse = (mode == LogprobMode::Raw && !(greedy || params.temperature == 1.0))
+        .then(|| log_sum_exp(logits));
+    let mut before = 0.0f64;
+    head.iter()
+        .enumerate()
+        .map(|(rank, &(p, id))| {
+            let z = logits[id as usize];
+            let tempered = z * inv_t - log_z;
+            let kept = greedy
+                || ((params.top_k == 0 || rank < params.top_k) && before < f64::from(params.top_p));
+            before += f64::from(p);
+            let lp = match mode {
+                LogprobMode::Tempered => tempered,
+                LogprobMode::Processed if kept => tempered - sampled.log_kept,
+                LogprobMode::Processed => f32::NEG_INFINITY,
+                LogprobMode::Raw => raw_lse.map_or(tempered, |lse| z - lse),
+            };
+            (id, lp)
+        })
+        .collect()
+}
+
+/// `(probability, id)` of every id from `exp(z / τ - max)` and their sum.
+fn fill_probs(probs: &mut Vec<(f32, u32)>, exps: &[f32], sum: f64) {
+    probs.clear();
+    probs.extend(
+        exps.iter()
+            .enumerate()
+            .map(|(i, &e)| ((f64::from(e) / sum) as f32, i as u32)),
+    );
 }
 
 /// Whether `a` comes before `b` in the sampling order: higher probability, then lower id.
@@ -236,13 +346,13 @@ fn last_in_order(items: &[(f32, u32)]) -> usize {
 }
 
 /// Draws a token from the (top-k, top-p restricted) distribution held in `scratch.exps` (with sum
-/// `sum`).
+/// `sum`); returns it with the probability mass of the kept tokens (1 without a restriction).
 fn draw(
     sum: f64,
     params: &SamplingParams,
     rng: &mut impl Rng,
     scratch: &mut SamplerScratch,
-) -> u32 {
+) -> (u32, f64) {
     let exps = &scratch.exps;
     let vocab = exps.len();
     let top_k = if params.top_k == 0 {
@@ -259,18 +369,13 @@ fn draw(
         for (i, &e) in exps.iter().enumerate() {
             acc += f64::from(e);
             if acc > target {
-                return i as u32;
+                return (i as u32, 1.0);
             }
         }
-        return exps.iter().rposition(|&e| e > 0.0).unwrap_or(0) as u32;
+        return (exps.iter().rposition(|&e| e > 0.0).unwrap_or(0) as u32, 1.0);
     }
     let probs = &mut scratch.probs;
-    probs.clear();
-    probs.extend(
-        exps.iter()
-            .enumerate()
-            .map(|(i, &e)| ((f64::from(e) / sum) as f32, i as u32)),
-    );
+    fill_probs(probs, exps, sum);
     // The top-k candidates, then the shortest prefix of them (in sampling order) reaching top-p.
     if top_k < vocab {
         probs.select_nth_unstable_by(top_k - 1, by_prob_desc);
@@ -311,24 +416,25 @@ fn draw(
     for (b, &m) in mass[..cut].iter().enumerate() {
         if acc + m > target {
             gather(sub, head, b);
-            return match cross(sub, acc, target, true) {
+            let token = match cross(sub, acc, target, true) {
                 Some((r, _)) => sub[r].1,
                 None => sub[last_in_order(sub)].1,
             };
+            return (token, kept_mass);
         }
         acc += m;
     }
     if kept_in_cut > 0 {
         let kept = &mut sub[..kept_in_cut];
         if let Some((r, _)) = cross(kept, acc, target, true) {
-            return kept[r].1;
+            return (kept[r].1, kept_mass);
         }
-        return kept[last_in_order(kept)].1;
+        return (kept[last_in_order(kept)].1, kept_mass);
     }
     // Rounding at the end of the distribution: the last kept token in sampling order.
     let last = (0..cut).rev().find(|&b| mass[b] > 0.0).unwrap_or(0);
     gather(sub, head, last);
-    sub[last_in_order(sub)].1
+    (sub[last_in_order(sub)].1, kept_mass)
 }
 
 /// Histogram buckets: 128 per octave of probability over 32 octaves, the last one holding every
@@ -544,6 +650,98 @@ mod tests {
                     reference_sample(&logits, &sp, &mut b)
                 };
                 assert_eq!(got, want, "case {case}: {sp:?}");
+            }
+        }
+    }
+
+    /// The log-probs of every token under each mode, by a full sort: tempered, processed (the
+    /// kept set renormalised, minus infinity outside it) and raw.
+    fn reference_logprobs(logits: &[f32], sp: &SamplingParams) -> [Vec<f64>; 3] {
+        let t = if sp.temperature == 0.0 {
+            1.0
+        } else {
+            f64::from(sp.temperature)
+        };
+        let lse = |xs: &[f64]| {
+            let m = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+        };
+        let z: Vec<f64> = logits.iter().map(|&x| f64::from(x) / t).collect();
+        let raw: Vec<f64> = logits.iter().map(|&x| f64::from(x)).collect();
+        let tempered: Vec<f64> = z.iter().map(|x| x - lse(&z)).collect();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| tempered[b].total_cmp(&tempered[a]).then(a.cmp(&b)));
+        let top_k = if sp.top_k == 0 { order.len() } else { sp.top_k };
+        let mut kept = vec![false; logits.len()];
+        let mut mass = 0.0;
+        for &i in order.iter().take(top_k) {
+            kept[i] = true;
+            mass += tempered[i].exp();
+            if mass >= f64::from(sp.top_p) {
+                break;
+            }
+        }
+        let processed = (0..logits.len())
+            .map(|i| {
+                if sp.temperature == 0.0 {
+                    tempered[i]
+                } else if kept[i] {
+                    tempered[i] - mass.ln()
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect();
+        let raw_lp = raw.iter().map(|x| x - lse(&raw)).collect();
+        [tempered, processed, raw_lp]
+    }
+
+    #[test]
+    fn logprob_modes_and_top_logprobs_match_a_full_sort() {
+        let logits = [1.0f32, 2.5, 3.0, -1.0, 0.5, 2.0];
+        let modes = [
+            LogprobMode::Tempered,
+            LogprobMode::Processed,
+            LogprobMode::Raw,
+        ];
+        for (t, p, k) in [
+            (1.0, 1.0, 0),
+            (0.6, 0.8, 0),
+            (0.7, 1.0, 3),
+            (1.5, 0.5, 4),
+            (0.0, 0.9, 2),
+        ] {
+            let sp = params(t, p, k);
+            let want = reference_logprobs(&logits, &sp);
+            let mut rng = sp.rng_for(3);
+            let mut scratch = SamplerScratch::default();
+            for _ in 0..40 {
+                let s = sample(&logits, &sp, &mut rng, &mut scratch);
+                for (m, w) in modes.iter().zip(&want) {
+                    let got = f64::from(s.logprob_as(*m, &logits, &sp));
+                    let want = w[s.token as usize];
+                    assert!((got - want).abs() < 1e-5, "{sp:?} {m:?}: {got} vs {want}");
+                    let top = top_logprobs(&logits, &sp, *m, 4, &s, &mut scratch);
+                    assert_eq!(top.len(), 4);
+                    // In the sampling order: 2, 1, 5, 0.
+                    let ids: Vec<u32> = top.iter().map(|x| x.0).collect();
+                    assert_eq!(ids, [2, 1, 5, 0]);
+                    for &(id, lp) in &top {
+                        let want = w[id as usize];
+                        if want.is_infinite() {
+                            assert_eq!(lp, f32::NEG_INFINITY);
+                        } else {
+                            assert!((f64::from(lp) - want).abs() < 1e-5, "{sp:?} {m:?}");
+                        }
+                    }
+                }
+                // Processed equals tempered, bit for bit, when nothing is cut.
+                if p == 1.0 && k == 0 {
+                    assert_eq!(
+                        s.logprob_as(LogprobMode::Processed, &logits, &sp),
+                        s.logprob
+                    );
+                }
             }
         }
     }

@@ -1,10 +1,12 @@
 //! Batched sampling on a random tiny Qwen3: log-probs equal the training path's, same seed gives
-//! the same outputs whatever the batch size, stop ids and length limits end sequences.
+//! the same outputs whatever the batch size, stop ids and length limits end sequences; groups that
+//! join a running batch share its decode steps and keep their random streams; abort and cancel;
+//! log-prob modes.
 
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::{DType, Device, Model, ModelConfig, SeqPair};
-use rlreplay_sampling::engine::{generate, Generation};
-use rlreplay_sampling::sampling::SamplingParams;
+use rlreplay_sampling::engine::{generate, Batcher, Generation, Group};
+use rlreplay_sampling::sampling::{LogprobMode, SamplingParams};
 
 fn model() -> Model {
     Model::new_random(ModelConfig::tiny(), 7, DType::F32, &Device::Cpu).unwrap()
@@ -157,4 +159,158 @@ fn bad_requests_are_errors() {
     };
     assert!(generate(&dec, &prompts(), 1, &bad, 8, |_| {}).is_err());
     assert!(generate(&dec, &[], 1, &p, 8, |_| {}).unwrap().is_empty());
+}
+
+fn group(prompt: Vec<u32>, n: usize, p: &SamplingParams, first_stream: u64) -> Group {
+    Group {
+        prompt,
+        n,
+        params: p.clone(),
+        first_stream,
+        logprobs: LogprobMode::Tempered,
+        top_logprobs: 0,
+    }
+}
+
+#[test]
+fn groups_that_join_between_steps_share_decode_steps_and_keep_their_streams() {
+    let dec = Decoder::new(&model()).unwrap();
+    let p = params(12, vec![]);
+    let ps = prompts();
+    let mut b = Batcher::new(64);
+    let first = b.push(group(ps[0].clone(), 2, &p, 0));
+    let mut done = Vec::new();
+    for _ in 0..4 {
+        done.extend(b.step(&dec).unwrap());
+    }
+    // A second request arrives while the first decodes; it gets the streams of prompt 2 of a
+    // three-prompt `generate` call.
+    let second = b.push(group(ps[2].clone(), 2, &p, 4));
+    while !b.is_idle() {
+        done.extend(b.step(&dec).unwrap());
+    }
+    let stats = b.stats();
+    assert_eq!(stats.max_running_groups, 2);
+    assert_eq!(stats.max_running, 4);
+    // 11 decode steps for the first group; the second joined them.
+    assert_eq!(stats.decode_steps, 4 + 11);
+    let alone = generate(&dec, &ps, 2, &p, 64, |_| {}).unwrap();
+    for f in &done {
+        let g = &f.generation;
+        let want = if g.prompt == first {
+            &alone[g.sample]
+        } else {
+            assert_eq!(g.prompt, second);
+            &alone[4 + g.sample]
+        };
+        assert_eq!(g.tokens, want.tokens);
+        for (u, v) in g.logprobs.iter().zip(&want.logprobs) {
+            assert!((u - v).abs() < 1e-5, "{u} vs {v}");
+        }
+        assert!(!f.aborted && f.top.iter().all(Vec::is_empty));
+    }
+    assert_eq!(done.len(), 4);
+}
+
+#[test]
+fn abort_and_cancel_end_groups() {
+    let dec = Decoder::new(&model()).unwrap();
+    let p = params(50, vec![]);
+    let ps = prompts();
+    let mut b = Batcher::new(2);
+    let a = b.push(group(ps[0].clone(), 2, &p, 0));
+    let c = b.push(group(ps[1].clone(), 2, &p, 2));
+    let d = b.push(group(ps[2].clone(), 1, &p, 4));
+    for _ in 0..3 {
+        assert!(b.step(&dec).unwrap().is_empty());
+    }
+    assert_eq!((b.running(), b.waiting()), (2, 2));
+    // Cancelling a waiting group drops it without results.
+    b.retain_groups(|g| g != c);
+    assert_eq!(b.waiting(), 1);
+    let out = b.abort_all();
+    assert!(b.is_idle());
+    assert_eq!(out.len(), 3);
+    for f in &out {
+        assert!(f.aborted && f.generation.truncated);
+        let len = f.generation.tokens.len();
+        if f.generation.prompt == a {
+            // The first step prefills and decodes: one token from each, then one per step.
+            assert_eq!(len, 4);
+            assert_eq!(f.generation.logprobs.len(), 4);
+        } else {
+            assert_eq!((f.generation.prompt, len), (d, 0));
+        }
+    }
+}
+
+#[test]
+fn logprob_modes_and_top_logprobs_in_the_batcher() {
+    let m = model();
+    let dec = Decoder::new(&m).unwrap();
+    let ps = prompts();
+    let run = |p: &SamplingParams, mode: LogprobMode, top: usize| {
+        let mut b = Batcher::new(8);
+        b.push(Group {
+            logprobs: mode,
+            top_logprobs: top,
+            ..group(ps[0].clone(), 1, p, 0)
+        });
+        let mut out = Vec::new();
+        while !b.is_idle() {
+            out.extend(b.step(&dec).unwrap());
+        }
+        out.pop().unwrap()
+    };
+    let p = SamplingParams {
+        temperature: 0.7,
+        top_p: 1.0,
+        top_k: 0,
+        ..params(8, vec![])
+    };
+    // Without top-k/top-p, processed is tempered bit for bit; raw is the τ = 1 distribution.
+    let tempered = run(&p, LogprobMode::Tempered, 0);
+    let processed = run(&p, LogprobMode::Processed, 3);
+    let raw = run(&p, LogprobMode::Raw, 0);
+    assert_eq!(tempered.generation.tokens, processed.generation.tokens);
+    assert_eq!(tempered.generation.logprobs, processed.generation.logprobs);
+    let want = m
+        .logprobs(&[SeqPair::new(&ps[0], &raw.generation.tokens)], 1.0, false)
+        .unwrap()
+        .logprobs;
+    for (a, b) in raw.generation.logprobs.iter().zip(&want[0]) {
+        assert!((f64::from(*a) - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    // Three alternatives per position, most likely first, the sampled one's log-prob among
+    // them when it is in the top three.
+    assert_eq!(processed.top.len(), 8);
+    for (row, (&t, &lp)) in processed.top.iter().zip(
+        processed
+            .generation
+            .tokens
+            .iter()
+            .zip(&processed.generation.logprobs),
+    ) {
+        assert_eq!(row.len(), 3);
+        assert!(row.windows(2).all(|w| w[0].1 >= w[1].1));
+        if let Some(&(_, x)) = row.iter().find(|e| e.0 == t) {
+            assert_eq!(x, lp);
+        } else {
+            assert!(lp <= row[2].1);
+        }
+    }
+    // With top-p the processed log-probs exceed the tempered ones by -ln(kept mass) >= 0.
+    let q = SamplingParams {
+        top_p: 0.5,
+        ..p.clone()
+    };
+    let t = run(&q, LogprobMode::Tempered, 0);
+    let pr = run(&q, LogprobMode::Processed, 0);
+    assert_eq!(t.generation.tokens, pr.generation.tokens);
+    assert!(t
+        .generation
+        .logprobs
+        .iter()
+        .zip(&pr.generation.logprobs)
+        .all(|(a, b)| b >= a && *b <= 0.0));
 }
