@@ -41,6 +41,8 @@ enum Command {
     Eval(commands::eval::Args),
     /// Online RL: generate, score and update a policy (GRPO, RLSD_TR, ...) on a prompt set.
     Train(commands::train::Args),
+    /// Serve a policy over HTTP (vLLM completions and SGLang generate protocols).
+    Serve(commands::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => commands::generate::run(a),
         Command::Eval(a) => commands::eval::run(a),
         Command::Train(a) => commands::train::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(code) => code,

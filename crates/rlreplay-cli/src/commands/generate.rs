@@ -51,7 +51,7 @@ pub struct SamplingArgs {
     pub reward_rules: String,
 }
 
-fn parse_dtype(s: &str) -> Result<DType, String> {
+pub(crate) fn parse_dtype(s: &str) -> Result<DType, String> {
     match s {
         "f32" => Ok(DType::F32),
         "bf16" => Ok(DType::BF16),

@@ -6,6 +6,7 @@ pub mod eval;
 pub mod generate;
 pub mod logprobs;
 pub mod replay;
+pub mod serve;
 pub mod show;
 pub mod synth;
 pub mod train;

@@ -1,0 +1,94 @@
+//! `rlreplay serve`: the sampling engine as an HTTP server speaking the vLLM completions and
+//! SGLang generate protocols, with weight updates from disk.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use rlreplay_model::DType;
+use rlreplay_sampling::sampling::LogprobMode;
+use rlreplay_serve::{BoundServer, ServeConfig};
+
+use super::generate::parse_dtype;
+
+/// Arguments of `rlreplay serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face model directory (config.json, safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Directory with tokenizer.json (default: the model directory; without one only token ids
+    /// are accepted and text comes back empty).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Address to bind; the default serves this machine only.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer <KEY>` on every endpoint but /health.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Which distribution returned log-probs are of: `processed` (after temperature and the
+    /// top-k/top-p restriction, renormalised: what was sampled from) or `raw` (log softmax of the
+    /// unscaled logits).
+    #[arg(long, default_value = "processed", value_parser = parse_mode)]
+    logprobs_mode: LogprobMode,
+    /// Sequences decoded together at most.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Longest prompt plus completion (default: the model's max_position_embeddings).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// The model name requests may give in `model` (default: --model as given).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// The weight version reported before the first update.
+    #[arg(long, default_value = "default")]
+    weight_version: String,
+    /// Largest request body, in MiB.
+    #[arg(long, default_value_t = 64)]
+    max_body_mib: usize,
+    /// Compute dtype: f32 or bf16.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+}
+
+fn parse_mode(s: &str) -> Result<LogprobMode, String> {
+    match s {
+        "processed" => Ok(LogprobMode::Processed),
+        "raw" => Ok(LogprobMode::Raw),
+        other => Err(format!(
+            "unknown log-prob mode `{other}` (processed or raw)"
+        )),
+    }
+}
+
+/// Runs `rlreplay serve` until interrupted (Ctrl-C or SIGTERM).
+pub fn run(args: Args) -> Result<ExitCode> {
+    let cfg = ServeConfig {
+        tokenizer: args.tokenizer,
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key,
+        logprobs_mode: args.logprobs_mode,
+        max_num_seqs: args.max_num_seqs,
+        max_model_len: args.max_model_len,
+        served_model_name: args.served_model_name,
+        weight_version: args.weight_version,
+        max_body_bytes: args.max_body_mib << 20,
+        dtype: args.dtype,
+        ..ServeConfig::new(&args.model)
+    };
+    let mode = format!("{:?}", cfg.logprobs_mode).to_lowercase();
+    let server = BoundServer::bind(cfg).context("starting the server")?;
+    let addr = server.local_addr()?;
+    eprintln!(
+        "rlreplay serve: listening on http://{addr} (model {}, {mode} log-probs)",
+        args.model.display()
+    );
+    server.serve_until(rlreplay_serve::server::shutdown_signal())?;
+    eprintln!("rlreplay serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,65 @@
+//! `rlreplay serve` as a process: binds loopback on the port it is given (0: a free one, printed),
+//! serves completions, stops cleanly on SIGTERM, and refuses bad flags.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use rlreplay_model::{DType, Device, Model, ModelConfig};
+
+#[test]
+fn serve_binds_loopback_answers_and_stops_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    Model::new_random(ModelConfig::tiny(), 1, DType::F32, &Device::Cpu)
+        .unwrap()
+        .save_hf(tmp.path())
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args([
+            "serve",
+            "--model",
+            tmp.path().to_str().unwrap(),
+            "--port",
+            "0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let resp: serde_json::Value = ureq::post(&format!("{url}/v1/completions"))
+        .send_json(serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 4, "seed": 0}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(resp["choices"].as_array().unwrap().len(), 1);
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn bad_serve_flags_are_errors() {
+    let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(["serve", "--model", "/nonexistent", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent"));
+    let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(["serve", "--model", "x", "--logprobs-mode", "tempered"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("processed or raw"));
+}

@@ -1,0 +1,72 @@
+//! `rlreplay serve`: the sampling engine as an HTTP server that speaks the protocols RL trainers
+//! already use with vLLM and SGLang, so a trainer can send generation to it, to vLLM or to SGLang
+//! alike.
+//!
+//! - `POST /v1/completions`: the vLLM / OpenAI completions subset used for RL (token-id prompts,
+//!   `n`, `logprobs` with `return_tokens_as_token_ids`, `return_token_ids`), see
+//!   [`protocol::openai`].
+//! - `POST /generate`: SGLang's native API (`input_ids`, `sampling_params`, `return_logprob`), see
+//!   [`protocol::sglang`].
+//! - Control: `POST /update_weights_from_disk {model_path, weight_version}`,
+//!   `/pause_generation {mode}`, `/continue_generation`, `GET /get_weight_version`,
+//!   `/get_model_info`, `/get_server_info`, `/health`, `/flush_cache`; prime-rl's aliases
+//!   `POST /update_weights {weight_dir}`, `/pause?mode=abort|keep|wait`, `/resume`; and
+//!   `GET /v1/models`. See [`protocol::control`].
+//!
+//! **Batching.** Every request's prompts join one continuous batch ([`rlreplay_sampling::engine`]):
+//! each decode step serves every live sequence of every request, and prompts join and leave
+//! between steps.
+//!
+//! **Random streams.** Sample `j` of the `p`-th prompt of a request with seed `S` draws from the
+//! ChaCha8 stream `p * n + j` of `S`, the streams `rlreplay generate --seed S` uses for the same
+//! prompts, so a request reproduces a local generation (up to float rounding of batches of
+//! another shape). A request without a seed gets a random one. The extension argument
+//! `sample_stream_offset` (`vllm_xargs` in completions, `sampling_params.custom_params` in
+//! generate) shifts the streams, so a prompt list spread over several servers gets the streams it
+//! would get on one.
+//!
+//! **Log-probs.** `--logprobs-mode processed` (the default, as prime-rl and verl configure vLLM)
+//! returns the log-prob of each token under the distribution it was drawn from: after temperature
+//! and after the top-k/top-p restriction renormalised. `raw` returns `log softmax(z)` of the
+//! unscaled logits. The trainer's behaviour log-probs are compared with the policy's
+//! `log softmax(z / τ)` over the full vocabulary: with `top_p = 1` and `top_k` off (0 or -1)
+//! `processed` equals that exactly; with a restriction every kept token's processed log-prob is
+//! higher by `-ln(kept mass)`, so the importance ratio is not 1 even on-policy. SGLang returns
+//! `log softmax(z / τ)` before the restriction; vLLM's default is `raw_logprobs`.
+//!
+//! **Weight updates.** `update_weights_from_disk` loads the new directory while generation goes
+//! on; the requests in flight finish on the old weights, requests that arrive during the update
+//! wait and run on the new ones, and the call returns once the new weights serve (so every sample
+//! comes from one weight version, which `meta_info.weight_version` reports). With
+//! `abort_all_requests` the requests in flight end at once (finish reason `abort`, with the tokens
+//! generated so far). While generation is paused in place (`pause_generation` with mode
+//! `in_place` or `retract`, prime-rl's `/pause?mode=keep`) the weights are swapped at once and the
+//! paused requests continue on the new weights after `continue_generation`: their earlier tokens
+//! come from the old weights.
+//!
+//! **Bad input** gets a 4xx JSON error naming the field (vLLM's `{"error": {...}}` under `/v1/`,
+//! SGLang's `{object: "error", ...}` elsewhere) and the server keeps serving: malformed JSON,
+//! unknown fields, token ids outside the vocabulary, `n = 0`, `max_tokens` beyond the context, a
+//! body over the size limit (413), a wrong API key (401).
+#![warn(missing_docs)]
+
+pub mod protocol;
+pub mod request;
+pub mod server;
+pub mod worker;
+
+pub use server::{BoundServer, ServeConfig, ServerHandle};
+
+/// Errors of the server crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The model or tokenizer cannot be loaded.
+    #[error("{0}")]
+    Model(String),
+    /// Binding, serving or a thread failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Result type of the server crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,458 @@
+//! The engine thread: one [`Batcher`] over the served weights, fed by every HTTP request.
+//!
+//! Requests arrive as jobs on a channel; their prompts join the batch between decode steps and
+//! leave as they finish, so concurrent requests share every decode step. The thread also owns the
+//! weights: a weight update lets the requests in flight finish on the old weights, holds the
+//! requests that arrive meanwhile, swaps the decoder once the batch is empty and releases them on
+//! the new weights (or aborts the requests in flight first, when asked). While generation is
+//! paused in place the swap happens at once and the paused requests continue on the new weights.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rlreplay_model::generate::Decoder;
+use rlreplay_sampling::engine::{Batcher, Finished, Group};
+use rlreplay_sampling::sampling::{LogprobMode, SamplingParams};
+use tokio::sync::oneshot;
+
+use crate::protocol::control::{PauseMode, ServerInfo};
+use crate::request::{Completion, Finish, Job};
+
+/// What a finished job sends back: its completions (prompt-major), the weight version that
+/// produced them, and the seconds since it arrived.
+pub struct JobResult {
+    /// `p * n + j`.
+    pub completions: Vec<Completion>,
+    /// The weight version in use when the job finished.
+    pub weight_version: String,
+    /// Seconds from arrival to the last sample.
+    pub latency: f64,
+}
+
+/// Messages to the engine thread.
+pub enum Command {
+    /// Generate a job; the result goes to `reply`.
+    Submit {
+        /// The caller's id for [`Command::Cancel`].
+        id: u64,
+        /// The validated request.
+        job: Arc<Job>,
+        /// Where the result goes.
+        reply: oneshot::Sender<JobResult>,
+    },
+    /// The caller gave up on job `id`: drop its samples.
+    Cancel {
+        /// The job's id.
+        id: u64,
+    },
+    /// Pause generation; `reply` when done (for `wait`, once the batch is empty).
+    Pause {
+        /// What happens to the requests in flight.
+        mode: Pause,
+        /// Answered when the pause is in effect.
+        reply: oneshot::Sender<()>,
+    },
+    /// Resume generation.
+    Continue {
+        /// Answered at once.
+        reply: oneshot::Sender<()>,
+    },
+    /// An update starts: hold new requests (abort the ones in flight when `abort`).
+    BeginUpdate {
+        /// Abort the requests in flight.
+        abort: bool,
+        /// Answered at once.
+        reply: oneshot::Sender<()>,
+    },
+    /// The new weights are loaded: swap them in once the batch is empty (at once when paused).
+    Swap {
+        /// The new decoder.
+        decoder: Box<Decoder>,
+        /// The directory it was loaded from.
+        model_path: String,
+        /// The new version, if given.
+        version: Option<String>,
+        /// Answered with the number of requests that waited for the new weights.
+        reply: oneshot::Sender<usize>,
+    },
+    /// Loading failed: release the held requests on the old weights.
+    CancelUpdate {
+        /// Answered at once.
+        reply: oneshot::Sender<()>,
+    },
+    /// Report counters.
+    Info {
+        /// Where they go.
+        reply: oneshot::Sender<ServerInfo>,
+    },
+}
+
+/// How a pause treats the requests in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// End them with what they generated.
+    Abort,
+    /// Keep them until continue.
+    InPlace,
+    /// Let them finish, hold new ones.
+    Wait,
+}
+
+impl From<PauseMode> for Pause {
+    fn from(m: PauseMode) -> Self {
+        match m {
+            PauseMode::Abort => Self::Abort,
+            PauseMode::InPlace | PauseMode::Retract => Self::InPlace,
+        }
+    }
+}
+
+/// A job being generated.
+struct Running {
+    job: Arc<Job>,
+    results: Vec<Option<Completion>>,
+    left: usize,
+    arrived: Instant,
+    reply: oneshot::Sender<JobResult>,
+}
+
+/// A weight swap waiting for the batch to empty.
+struct PendingSwap {
+    decoder: Box<Decoder>,
+    model_path: String,
+    version: Option<String>,
+    reply: oneshot::Sender<usize>,
+}
+
+/// The state of the engine thread.
+pub struct Worker {
+    decoder: Box<Decoder>,
+    batcher: Batcher,
+    mode: LogprobMode,
+    max_num_seqs: usize,
+    weight_version: String,
+    /// Shared with the HTTP side: the model directory in use.
+    model_path: Arc<std::sync::Mutex<String>>,
+    jobs: HashMap<u64, Running>,
+    /// Batcher group id -> (job id, prompt index).
+    groups: HashMap<usize, (u64, usize)>,
+    /// Requests that arrived while paused or during an update.
+    held: VecDeque<(u64, Arc<Job>, oneshot::Sender<JobResult>, Instant)>,
+    paused: bool,
+    /// `pause?mode=wait` callers, answered when the batch is empty.
+    pause_waiters: Vec<oneshot::Sender<()>>,
+    updating: bool,
+    held_during_update: usize,
+    swap: Option<PendingSwap>,
+    weight_updates: u64,
+}
+
+impl Worker {
+    /// A worker serving `decoder`.
+    pub fn new(
+        decoder: Decoder,
+        max_num_seqs: usize,
+        mode: LogprobMode,
+        weight_version: String,
+        model_path: Arc<std::sync::Mutex<String>>,
+    ) -> Self {
+        Self {
+            decoder: Box::new(decoder),
+            batcher: Batcher::new(max_num_seqs),
+            mode,
+            max_num_seqs,
+            weight_version,
+            model_path,
+            jobs: HashMap::new(),
+            groups: HashMap::new(),
+            held: VecDeque::new(),
+            paused: false,
+            pause_waiters: Vec::new(),
+            updating: false,
+            held_during_update: 0,
+            swap: None,
+            weight_updates: 0,
+        }
+    }
+
+    /// Runs until every sender of `rx` is gone.
+    pub fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            let busy = !self.batcher.is_idle() && !self.paused;
+            let cmd = if busy {
+                match rx.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(mpsc::TryRecvError::Empty) => None,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            };
+            if let Some(c) = cmd {
+                self.handle(c);
+                // Take every queued command before the next step.
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { id, job, reply } => {
+                if self.paused || self.updating || !self.pause_waiters.is_empty() {
+                    if self.updating {
+                        self.held_during_update += 1;
+                    }
+                    self.held.push_back((id, job, reply, Instant::now()));
+                } else {
+                    self.start(id, job, reply, Instant::now());
+                }
+            }
+            Command::Cancel { id } => {
+                if self.jobs.remove(&id).is_some() {
+                    let groups = &mut self.groups;
+                    self.batcher.retain_groups(|g| match groups.get(&g) {
+                        Some(&(job, _)) if job == id => {
+                            groups.remove(&g);
+                            false
+                        }
+                        _ => true,
+                    });
+                }
+                self.held.retain(|h| h.0 != id);
+            }
+            Command::Pause { mode, reply } => match mode {
+                Pause::Abort => {
+                    self.abort_all();
+                    self.paused = true;
+                    let _ = reply.send(());
+                }
+                Pause::InPlace => {
+                    self.paused = true;
+                    let _ = reply.send(());
+                    self.try_swap();
+                }
+                Pause::Wait => {
+                    self.pause_waiters.push(reply);
+                    self.settle();
+                }
+            },
+            Command::Continue { reply } => {
+                self.paused = false;
+                self.release();
+                let _ = reply.send(());
+            }
+            Command::BeginUpdate { abort, reply } => {
+                if abort {
+                    self.abort_all();
+                }
+                self.updating = true;
+                self.held_during_update = 0;
+                let _ = reply.send(());
+            }
+            Command::Swap {
+                decoder,
+                model_path,
+                version,
+                reply,
+            } => {
+                self.swap = Some(PendingSwap {
+                    decoder,
+                    model_path,
+                    version,
+                    reply,
+                });
+                self.try_swap();
+            }
+            Command::CancelUpdate { reply } => {
+                self.updating = false;
+                self.release();
+                let _ = reply.send(());
+            }
+            Command::Info { reply } => {
+                let s = self.batcher.stats();
+                let _ = reply.send(ServerInfo {
+                    weight_version: self.weight_version.clone(),
+                    max_num_seqs: self.max_num_seqs,
+                    forward_passes: s.forward_passes,
+                    decode_steps: s.decode_steps,
+                    generated_tokens: s.sampled_tokens,
+                    max_running_seqs: s.max_running,
+                    max_running_requests: s.max_running_groups,
+                    running_seqs: self.batcher.running(),
+                    waiting_prompts: self.batcher.waiting(),
+                    held_requests: self.held.len(),
+                    paused: self.paused,
+                    weight_updates: self.weight_updates,
+                });
+            }
+        }
+    }
+
+    /// Puts a job's prompts into the batch (prompts with no tokens to generate finish at once).
+    fn start(&mut self, id: u64, job: Arc<Job>, reply: oneshot::Sender<JobResult>, t: Instant) {
+        let n = job.n;
+        let mut run = Running {
+            results: vec![None; job.prompts.len() * n],
+            left: job.prompts.len() * n,
+            arrived: t,
+            reply,
+            job: job.clone(),
+        };
+        for (p, prompt) in job.prompts.iter().enumerate() {
+            let s = &prompt.spec;
+            if s.max_new_tokens == 0 {
+                for j in 0..n {
+                    run.results[p * n + j] = Some(Completion {
+                        tokens: Vec::new(),
+                        logprobs: Vec::new(),
+                        top: Vec::new(),
+                        finish: Finish::Length,
+                    });
+                    run.left -= 1;
+                }
+                continue;
+            }
+            let group = self.batcher.push(Group {
+                prompt: prompt.ids.clone(),
+                n,
+                params: SamplingParams {
+                    temperature: s.temperature,
+                    top_p: s.top_p,
+                    top_k: s.top_k,
+                    max_new_tokens: s.max_new_tokens,
+                    stop_ids: s.stop_ids.clone(),
+                    seed: s.seed,
+                },
+                first_stream: s.first_stream + (p * n) as u64,
+                logprobs: self.mode,
+                top_logprobs: job.top_logprobs.unwrap_or(0),
+            });
+            self.groups.insert(group, (id, p));
+        }
+        if run.left == 0 {
+            self.reply(run);
+        } else {
+            self.jobs.insert(id, run);
+        }
+    }
+
+    fn reply(&self, run: Running) {
+        let result = JobResult {
+            completions: run
+                .results
+                .into_iter()
+                .map(|c| c.expect("every sample finished"))
+                .collect(),
+            weight_version: self.weight_version.clone(),
+            latency: run.arrived.elapsed().as_secs_f64(),
+        };
+        // The caller may have gone away; nothing to do then.
+        let _ = run.reply.send(result);
+    }
+
+    /// Files finished samples under their jobs and answers the jobs that are complete.
+    fn deliver(&mut self, finished: Vec<Finished>) {
+        for f in finished {
+            let g = f.generation;
+            let Some(&(id, p)) = self.groups.get(&g.prompt) else {
+                continue;
+            };
+            let Some(run) = self.jobs.get_mut(&id) else {
+                self.groups.remove(&g.prompt);
+                continue;
+            };
+            let spec = &run.job.prompts[p].spec;
+            let finish = match (f.aborted, g.truncated, g.tokens.last()) {
+                (true, _, _) => Finish::Abort,
+                (false, false, Some(&last)) => Finish::Stop {
+                    id: last,
+                    eos: spec.eos_ids.contains(&last),
+                },
+                _ => Finish::Length,
+            };
+            let n = run.job.n;
+            run.results[p * n + g.sample] = Some(Completion {
+                tokens: g.tokens,
+                logprobs: g.logprobs,
+                top: f.top,
+                finish,
+            });
+            run.left -= 1;
+            if run.results[p * n..(p + 1) * n].iter().all(Option::is_some) {
+                self.groups.remove(&g.prompt);
+            }
+            if run.left == 0 {
+                let run = self.jobs.remove(&id).expect("present");
+                self.reply(run);
+            }
+        }
+    }
+
+    fn abort_all(&mut self) {
+        let aborted = self.batcher.abort_all();
+        self.deliver(aborted);
+    }
+
+    fn step(&mut self) {
+        match self.batcher.step(&self.decoder) {
+            Ok(done) => self.deliver(done),
+            Err(e) => {
+                // Requests are validated before they get here: an error is the engine's own
+                // (out of memory, a backend failure). Fail every request in flight, keep serving.
+                eprintln!("error: the decode step failed: {e:#}; aborting the requests in flight");
+                self.abort_all();
+            }
+        }
+        self.settle();
+    }
+
+    /// Once the batch is empty: answer `wait` pauses and apply a pending weight swap.
+    fn settle(&mut self) {
+        if !self.batcher.is_idle() {
+            return;
+        }
+        if !self.pause_waiters.is_empty() {
+            self.paused = true;
+            for w in self.pause_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+        self.try_swap();
+    }
+
+    /// Swaps in the pending weights when the batch is empty or paused.
+    fn try_swap(&mut self) {
+        if self.swap.is_none() || !(self.batcher.is_idle() || self.paused) {
+            return;
+        }
+        let s = self.swap.take().expect("checked");
+        self.decoder = s.decoder;
+        if let Some(v) = s.version {
+            self.weight_version = v;
+        }
+        if let Ok(mut p) = self.model_path.lock() {
+            *p = s.model_path;
+        }
+        self.weight_updates += 1;
+        self.updating = false;
+        let _ = s.reply.send(self.held_during_update);
+        self.release();
+    }
+
+    /// Starts the held requests unless paused or updating.
+    fn release(&mut self) {
+        if self.paused || self.updating || !self.pause_waiters.is_empty() {
+            return;
+        }
+        while let Some((id, job, reply, t)) = self.held.pop_front() {
+            self.start(id, job, reply, t);
+        }
+    }
+}
