@@ -43,6 +43,9 @@ enum Command {
     Train(commands::train::Args),
     /// Serve a policy over HTTP (vLLM completions and SGLang generate protocols).
     Serve(commands::serve::Args),
+    /// Measurements of scripts/gpu-check.sh (golden log-probs, one step's gradient, throughput).
+    #[command(hide = true)]
+    DeviceCheck(commands::device_check::Args),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => commands::eval::run(a),
         Command::Train(a) => commands::train::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::DeviceCheck(a) => commands::device_check::run(a),
     };
     match result {
         Ok(code) => code,

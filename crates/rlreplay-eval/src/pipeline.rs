@@ -24,17 +24,22 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Loads a Hugging Face model directory; the tokenizer files (`tokenizer.json`,
-    /// `tokenizer_config.json`) come from `tokenizer_dir`, or from the model directory. Refused
-    /// with the estimate, before any weight is read, when the weights and the decoder's copy do
-    /// not fit in the available memory.
-    pub fn load(model_dir: &Path, tokenizer_dir: Option<&Path>, dtype: DType) -> Result<Self> {
+    /// Loads a Hugging Face model directory onto `device`; the tokenizer files
+    /// (`tokenizer.json`, `tokenizer_config.json`) come from `tokenizer_dir`, or from the model
+    /// directory. Refused with the estimate, before any weight is read, when the weights and the
+    /// decoder's copy do not fit in the device's available memory.
+    pub fn load(
+        model_dir: &Path,
+        tokenizer_dir: Option<&Path>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let context = || format!("loading the model in {}", model_dir.display());
         let cfg = ModelConfig::from_hf_json(model_dir.join("config.json")).with_context(context)?;
         MemoryEstimate::new(&cfg, dtype, Workload::Sampling)
-            .check(&Device::Cpu)
+            .check(device)
             .with_context(context)?;
-        let model = Model::load(model_dir, dtype, &Device::Cpu).with_context(context)?;
+        let model = Model::load(model_dir, dtype, device).with_context(context)?;
         let non_finite_weights = model.non_finite_params()?;
         let decoder = Decoder::new(&model)?;
         let chat = ChatTokenizer::from_dir(tokenizer_dir.unwrap_or(model_dir))?;

@@ -12,6 +12,8 @@
 //!   [`qwen2`]: what each architecture adds.
 //! - [`generate::Decoder`]: the KV-cache decoder sampling runs on.
 //! - [`ModelConfig`]: the configuration, read from a Hugging Face `config.json`.
+//! - [`parse_device`]: `cpu`, `cuda` or `cuda:N` (CUDA with the `cuda` feature); [`memory_peak`]
+//!   for the peak device memory.
 //! - [`mixed_logprobs`]: per-token log-probs under a weighted mixture of several models' logits.
 //! - [`MemoryEstimate`]: what a model of a configuration needs (weights, and for its
 //!   [`Workload`] a decoder copy or gradients and optimizer state), checked against the device's
@@ -22,6 +24,7 @@
 mod causal_lm;
 mod checkpoint;
 mod config;
+mod device;
 pub mod generate;
 pub mod layer;
 mod memory;
@@ -37,6 +40,7 @@ pub use candle_core::{DType, Device};
 pub use causal_lm::CausalLm;
 pub use checkpoint::{SaveOptions, TOKENIZER_FILES};
 pub use config::{Architecture, ModelConfig};
+pub use device::{memory_peak, parse_device, reset_memory_peak};
 pub use memory::{available_memory, MemoryEstimate, Workload};
 pub use mixed::mixed_logprobs;
 pub use model::{Model, Param, TokenLogProbs};

@@ -148,6 +148,23 @@ impl Model {
         Self::build(cfg, &mut source, dtype, device, None)
     }
 
+    /// A randomly initialised model drawn on `device` itself (candle's generator; cuRAND on
+    /// CUDA): matrices and biases from N(0, 0.02²), norm weights 1. Fast at full size (for
+    /// benchmarks), but not reproducible across devices; [`Model::new_random`] is.
+    pub fn new_random_on_device(cfg: ModelConfig, dtype: DType, device: &Device) -> Result<Self> {
+        cfg.validate()?;
+        check_compute_dtype(dtype)?;
+        let master = master_dtype(dtype);
+        let mut source = |name: &str, shape: &[usize], _: usize| -> Result<Tensor> {
+            Ok(if is_norm(name) {
+                Tensor::ones(shape, master, device)?
+            } else {
+                Tensor::randn(0f32, INIT_STD as f32, shape, device)?.to_dtype(master)?
+            })
+        };
+        Self::build(cfg, &mut source, dtype, device, None)
+    }
+
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -569,4 +586,146 @@ impl std::fmt::Debug for Model {
 
 fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The CUDA code path (blockwise attention and log-prob head) run on the CPU through the same
+    //! model functions, against the CPU kernels (f64) and the composite reference (bf16).
+    use super::*;
+    use crate::{Architecture, SeqPair};
+
+    fn config(arch: Architecture, tied: bool) -> ModelConfig {
+        ModelConfig {
+            vocab_size: 97,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 16,
+            tie_word_embeddings: tied,
+            ..ModelConfig::tiny_of(arch)
+        }
+    }
+
+    fn batch() -> Vec<(Vec<u32>, Vec<u32>)> {
+        let ids = |seed: u32, n: u32| -> Vec<u32> {
+            (0..n).map(|i| (seed * 31 + i * 17 + i * i) % 97).collect()
+        };
+        vec![
+            (ids(1, 9), ids(2, 7)),
+            (ids(3, 1), ids(4, 1)),
+            (ids(5, 30), ids(6, 12)),
+        ]
+    }
+
+    fn weights(n: usize) -> Vec<f64> {
+        (0..n).map(|i| ((i * 7 % 11) as f64 - 5.0) / 5.0).collect()
+    }
+
+    fn flat(t: &Tensor) -> Vec<f64> {
+        t.to_dtype(DType::F64)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1())
+            .unwrap()
+    }
+
+    /// Log-probs, entropies and every parameter's gradient of one forward/backward pass.
+    fn run(model: &mut Model, b: &[(Vec<u32>, Vec<u32>)]) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+        let pairs: Vec<SeqPair<'_>> = b.iter().map(|(p, r)| SeqPair::new(p, r)).collect();
+        let lp = model.logprobs(&pairs, 0.8, true).unwrap();
+        let n: usize = b.iter().map(|(_, r)| r.len()).sum();
+        model.zero_grad();
+        let fb = model.forward_backward(&pairs, &weights(n), 0.8).unwrap();
+        let flat_lp: Vec<f64> = lp.logprobs.concat();
+        assert_eq!(
+            fb.concat(),
+            flat_lp,
+            "forward_backward returns the log-probs"
+        );
+        let grads = model
+            .grads()
+            .iter()
+            .map(|g| flat(g.as_ref().expect("every parameter gets a gradient")))
+            .collect();
+        (flat_lp, lp.entropy.unwrap().concat(), grads)
+    }
+
+    fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
+        let scale = b.iter().fold(1e-12f64, |m, x| m.max(x.abs()));
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / scale)
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn blockwise_path_matches_the_cpu_kernels_in_f64() {
+        for arch in [Architecture::Qwen3, Architecture::Qwen2] {
+            for tied in [true, false] {
+                for recompute in [false, true] {
+                    let mut model =
+                        Model::new_random(config(arch, tied), 3, DType::F64, &Device::Cpu).unwrap();
+                    model.set_activation_recompute(recompute);
+                    let want = run(&mut model, &batch());
+                    let got = ops::force_blockwise(|| run(&mut model, &batch()));
+                    let what = format!("{arch:?} tied={tied} recompute={recompute}");
+                    assert!(max_rel_diff(&got.0, &want.0) < 1e-12, "{what}: log-probs");
+                    assert!(max_rel_diff(&got.1, &want.1) < 1e-12, "{what}: entropies");
+                    for (p, (g, w)) in model.params().iter().zip(got.2.iter().zip(&want.2)) {
+                        let d = max_rel_diff(g, w);
+                        assert!(d < 1e-10, "{what}: gradient of {} off by {d:e}", p.name);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blockwise_path_in_bf16_keeps_f32_masters_and_matches_the_composite_path() {
+        let b = batch();
+        let mut model = Model::new_random(
+            config(Architecture::Qwen3, true),
+            5,
+            DType::BF16,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let composite = run(&mut model, &b);
+        let blockwise = ops::force_blockwise(|| run(&mut model, &b));
+        model.set_activation_recompute(true);
+        let recomputed = ops::force_blockwise(|| run(&mut model, &b));
+        let diff = |a: &[f64], b: &[f64]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
+        assert!(diff(&blockwise.0, &composite.0) < 2e-2, "log-probs");
+        assert!(diff(&blockwise.1, &composite.1) < 2e-2, "entropies");
+        for (((p, g), c), r) in model
+            .params()
+            .iter()
+            .zip(&blockwise.2)
+            .zip(&composite.2)
+            .zip(&recomputed.2)
+        {
+            assert_eq!(p.var.dtype(), DType::F32, "{}", p.name);
+            let d = max_rel_diff(g, c);
+            assert!(
+                d < 5e-2,
+                "{}: blockwise vs composite gradient {d:e}",
+                p.name
+            );
+            let d = max_rel_diff(r, g);
+            assert!(
+                d < 1e-6,
+                "{}: recompute changes the gradient by {d:e}",
+                p.name
+            );
+        }
+        for g in model.grads().iter().flatten() {
+            assert_eq!(g.dtype(), DType::F32);
+        }
+    }
 }

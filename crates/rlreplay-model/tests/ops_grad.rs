@@ -330,3 +330,170 @@ fn bad_inputs_are_errors_naming_the_problem() {
     assert!(ops::rope(&q, &cs, &cs).is_err());
     assert!(ops::swiglu(&x, &h).is_err());
 }
+
+/// Score-block budgets that split the test sequences into several query blocks (one row, a few
+/// rows, more rows than the shortest sequence) and one block per sequence.
+const ATTENTION_BLOCKS: [usize; 4] = [1, 4 * 70 * 3, 4 * 70 * 16, 1 << 26];
+
+#[test]
+fn blockwise_attention_matches_reference_and_finite_differences() {
+    // The CUDA code path on the CPU: ragged sequences, a single token, an empty one, GQA 4:2.
+    let offsets = [0, 70, 71, 71, 150];
+    let (t, hq, hkv, d) = (150, 4, 2, 8);
+    let scale = 1.0 / (d as f64).sqrt();
+    for elems in ATTENTION_BLOCKS {
+        let mut inputs = [
+            input(&[t, hq, d], 6.0, 4.0, true),
+            input(&[t, hkv, d], 7.0, 4.0, true),
+            input(&[t, hkv, d], 8.0, 2.0, true),
+        ];
+        check(
+            &format!("blockwise attention ({elems} elements per block)"),
+            &|x| {
+                ops::blockwise_packed_causal_attention(&x[0], &x[1], &x[2], &offsets, scale, elems)
+            },
+            &|x| composite::packed_causal_attention(&x[0], &x[1], &x[2], &offsets, scale),
+            &mut inputs,
+        );
+    }
+}
+
+#[test]
+fn blockwise_token_logprobs_matches_reference_and_finite_differences() {
+    let (n, v, h) = (21, 40, 12);
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % v as u32).collect();
+    let stacked = |(lp, ent): (Tensor, Option<Tensor>)| Tensor::stack(&[lp, ent.unwrap()], 1);
+    // One row per chunk, ragged chunks of 8 rows, everything in one chunk.
+    for elems in [1, 8 * v, 1 << 27] {
+        let mut inputs = [
+            input(&[n, h], 9.0, 3.0, true),
+            input(&[v, h], 10.0, 3.0, true),
+        ];
+        check(
+            &format!("blockwise token_logprobs ({elems} logits per chunk)"),
+            &|x| {
+                stacked(ops::blockwise_token_logprobs(
+                    &x[0], &x[1], &targets, 0.7, true, elems,
+                )?)
+            },
+            &|x| {
+                stacked(composite::token_logprobs(
+                    &x[0], &x[1], &targets, 0.7, true, 8,
+                )?)
+            },
+            &mut inputs,
+        );
+        // Without the entropy output, only the log-probs carry a gradient.
+        let lp_only: Op =
+            &|x| Ok(ops::blockwise_token_logprobs(&x[0], &x[1], &targets, 0.7, false, elems)?.0);
+        let reference: Op = &|x| Ok(ops::token_logprobs(&x[0], &x[1], &targets, 0.7, false)?.0);
+        let (out, grads) = run(lp_only, &inputs, DType::F64).unwrap();
+        let (rout, rgrads) = run(reference, &inputs, DType::F64).unwrap();
+        assert_close("blockwise log-probs", &out, &rout, 1e-12);
+        for (g, r) in grads.iter().zip(&rgrads) {
+            assert_close(
+                "blockwise log-prob gradient",
+                g.as_ref().unwrap(),
+                r.as_ref().unwrap(),
+                1e-11,
+            );
+        }
+    }
+}
+
+/// Largest absolute difference between two equally long vectors.
+fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn blockwise_ops_in_bf16_match_the_composite_reference_in_bf16() {
+    // bf16 inputs: matrix products in bf16, softmax statistics in f32, gradients returned in
+    // bf16, as the composite reference (the bf16 CUDA path before the blockwise ops) does.
+    let offsets = [0, 37, 90];
+    let (t, hq, hkv, d) = (90, 4, 2, 16);
+    let scale = 1.0 / (d as f64).sqrt();
+    let inputs = [
+        input(&[t, hq, d], 11.0, 4.0, true),
+        input(&[t, hkv, d], 12.0, 4.0, true),
+        input(&[t, hkv, d], 13.0, 2.0, true),
+    ];
+    let blockwise: Op = &|x| {
+        let out = ops::blockwise_packed_causal_attention(
+            &x[0],
+            &x[1],
+            &x[2],
+            &offsets,
+            scale,
+            4 * 37 * 5,
+        )?;
+        assert_eq!(out.dtype(), DType::BF16);
+        Ok(out)
+    };
+    let reference: Op =
+        &|x| composite::packed_causal_attention(&x[0], &x[1], &x[2], &offsets, scale);
+    let (out, grads) = run(blockwise, &inputs, DType::BF16).unwrap();
+    let (rout, rgrads) = run(reference, &inputs, DType::BF16).unwrap();
+    let (exact, _) = run(reference, &inputs, DType::F64).unwrap();
+    // Both are bf16 roundings of the same values: each within a few bf16 ulps of f64.
+    assert!(
+        max_abs_diff(&out, &exact) < 0.03,
+        "{}",
+        max_abs_diff(&out, &exact)
+    );
+    assert!(
+        max_abs_diff(&out, &rout) < 0.03,
+        "{}",
+        max_abs_diff(&out, &rout)
+    );
+    for (g, r) in grads.iter().zip(&rgrads) {
+        let (g, r) = (g.as_ref().unwrap(), r.as_ref().unwrap());
+        let scale = r.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(
+            max_abs_diff(g, r) < 0.02 * scale,
+            "{} vs scale {scale}",
+            max_abs_diff(g, r)
+        );
+    }
+
+    let (n, v, h) = (33, 50, 16);
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 13 + 1) % v as u32).collect();
+    let inputs = [
+        input(&[n, h], 14.0, 3.0, true),
+        input(&[v, h], 15.0, 3.0, true),
+    ];
+    let blockwise: Op = &|x| {
+        let (lp, _) = ops::blockwise_token_logprobs(&x[0], &x[1], &targets, 1.0, false, 10 * v)?;
+        assert_eq!(
+            lp.dtype(),
+            DType::F32,
+            "log-probs of bf16 hidden states are f32"
+        );
+        lp.to_dtype(DType::BF16)
+    };
+    let reference: Op = &|x| {
+        composite::token_logprobs(&x[0], &x[1], &targets, 1.0, false, 128)?
+            .0
+            .to_dtype(DType::BF16)
+    };
+    let (out, grads) = run(blockwise, &inputs, DType::BF16).unwrap();
+    let (rout, rgrads) = run(reference, &inputs, DType::BF16).unwrap();
+    assert!(
+        max_abs_diff(&out, &rout) < 0.05,
+        "{}",
+        max_abs_diff(&out, &rout)
+    );
+    for (g, r) in grads.iter().zip(&rgrads) {
+        let (g, r) = (g.as_ref().unwrap(), r.as_ref().unwrap());
+        let scale = r.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(
+            max_abs_diff(g, r) < 0.02 * scale,
+            "{} vs scale {scale}",
+            max_abs_diff(g, r)
+        );
+    }
+}

@@ -59,7 +59,7 @@ pub struct ModelSection {
     pub path: Option<PathBuf>,
     /// Compute dtype.
     pub dtype: Dtype,
-    /// `cpu`, or `cuda` / `cuda:N` (needs a build with the `cuda` feature of the model crate).
+    /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
     pub device: String,
     /// Size of the random toy model (toy task without `path`).
     pub toy: ToyModel,
@@ -349,17 +349,7 @@ impl OnlineConfig {
 
     /// The device named by `[model] device`.
     pub fn device(&self) -> Result<rlreplay_model::Device> {
-        let d = self.model.device.trim();
-        let ordinal = match d {
-            "cpu" => return Ok(rlreplay_model::Device::Cpu),
-            "cuda" => 0,
-            _ => d
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse::<usize>().ok())
-                .with_context(|| format!("[model] device = {d:?}: expected cpu, cuda or cuda:N"))?,
-        };
-        rlreplay_model::Device::new_cuda(ordinal)
-            .with_context(|| format!("[model] device = {d:?}: no such CUDA device in this build"))
+        rlreplay_model::parse_device(&self.model.device).map_err(|e| anyhow::anyhow!("[model] {e}"))
     }
 
     /// The resolved configuration as TOML text.

@@ -72,7 +72,7 @@ impl Dtype {
 }
 
 /// `[model]`: a Hugging Face Qwen3 directory, or a randomly initialised model.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     /// Directory holding `config.json` and the safetensors weights.
@@ -80,12 +80,31 @@ pub struct ModelSection {
     /// Compute precision.
     #[serde(default)]
     pub dtype: Dtype,
+    /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
+    #[serde(default = "cpu")]
+    pub device: String,
     /// Build a random model of this shape instead of loading `path` (demos, tests, benchmarks).
     pub random: Option<RandomModel>,
     /// Recompute each layer's activations in the backward pass instead of keeping them (less
     /// memory, one more forward pass of the layers; the same gradients), as verl's key.
     #[serde(default)]
     pub enable_gradient_checkpointing: bool,
+}
+
+fn cpu() -> String {
+    "cpu".into()
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: None,
+            dtype: Dtype::default(),
+            device: cpu(),
+            random: None,
+            enable_gradient_checkpointing: false,
+        }
+    }
 }
 
 /// The shape of a randomly initialised Qwen3 model; absent keys take the tiny test model's values.

@@ -8,12 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rlreplay_algo::AlgoConfig;
 use rlreplay_data::{resolve_hub_path, Dataset, ReadOptions, RolloutBatch};
-use rlreplay_model::{AdamW, Device, LrSchedule, Model};
+use rlreplay_model::{parse_device, AdamW, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
@@ -257,7 +257,7 @@ impl Trainer {
             None
         };
 
-        let device = Device::Cpu;
+        let device = parse_device(&cfg.model.device).map_err(|e| anyhow!("[model] {e}"))?;
         let dtype = cfg.model.dtype.candle();
         let model_dir = match &cfg.model.path {
             Some(path) => Some(

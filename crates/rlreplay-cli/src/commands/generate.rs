@@ -9,7 +9,7 @@ use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
 use rlreplay_eval::pipeline::{score_generations, Policy};
 use rlreplay_eval::scoring::Scorer;
-use rlreplay_model::DType;
+use rlreplay_model::{parse_device, DType};
 use rlreplay_reward::RewardDispatch;
 use rlreplay_sampling::chat::ChatOptions;
 use rlreplay_sampling::engine::{generate, Generation};
@@ -45,6 +45,9 @@ pub struct SamplingArgs {
     /// Compute dtype: f32 or bf16.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: DType,
+    /// Device: cpu, cuda or cuda:N (CUDA needs a binary built with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Reward rules `source=kind,...` added to the defaults (kinds: math, maxrl, math-default, mcq;
     /// sciknoweval is mcq, every other source the MaxRL math reward).
     #[arg(long, default_value = "")]
@@ -97,7 +100,8 @@ impl SamplingArgs {
         params: &SamplingParams,
         what: &str,
     ) -> Result<Sampled> {
-        let policy = Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype)?;
+        let device = parse_device(&self.device).context("--device")?;
+        let policy = Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype, &device)?;
         super::warn_non_finite(&self.model, &policy.non_finite_weights);
         let encoded = policy.encode(items, self.chat_options())?;
         let bar = progress_bar(items.len() * n, what);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use rlreplay_model::{DType, Device, Model, SeqPair};
+use rlreplay_model::{parse_device, DType, Model, SeqPair};
 use serde::Deserialize;
 
 /// Arguments of `rlreplay logprobs`.
@@ -33,6 +33,9 @@ pub struct Args {
     /// Compute dtype: f32, bf16 or f64.
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Device: cpu, cuda or cuda:N (CUDA needs a binary built with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 /// One input line.
@@ -59,7 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "f64" => DType::F64,
         other => bail!("--dtype {other:?} is not one of f32, bf16, f64"),
     };
-    let device = Device::cuda_if_available(0)?;
+    let device = parse_device(&args.device).context("--device")?;
     let model = Model::load(&args.model, dtype, &device)
         .with_context(|| format!("loading the model from {}", args.model.display()))?;
     super::warn_non_finite(&args.model, &model.non_finite_params()?);

@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod compute;
+pub mod device_check;
 pub mod eval;
 pub mod generate;
 pub mod logprobs;

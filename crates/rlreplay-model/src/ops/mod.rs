@@ -2,10 +2,14 @@
 //!
 //! Every op takes the packed layout (the tokens of all sequences concatenated, no batch dimension)
 //! and has a backward pass. On the CPU, f32 and f64 inputs run hand-written kernels
-//! (candle `CustomOp`s with `bwd`); every other device/dtype runs the differentiable composite
-//! reference in [`composite`].
+//! (candle `CustomOp`s with `bwd`). On other devices (CUDA) attention and the log-prob head run
+//! memory-lean blockwise versions built from candle's own ops ([`blockwise_packed_causal_attention`],
+//! [`blockwise_token_logprobs`]: no `[heads × L × L]` scores and no `[tokens × vocab]` logits kept
+//! for the backward pass, which recomputes them block by block); everything else there, and half
+//! precision on the CPU, runs the differentiable composite reference in [`composite`].
 
 mod attention;
+mod blockwise;
 pub mod composite;
 mod cpu;
 pub(crate) mod decode;
@@ -17,6 +21,40 @@ mod swiglu;
 use candle_core::{bail, Result, Tensor};
 use cpu::kernel_applies;
 use std::sync::Mutex;
+
+pub use blockwise::{LOGIT_ELEMS, SCORE_ELEMS};
+
+/// Whether the blockwise ops replace the CPU kernels and the composite reference: on every device
+/// but the CPU (and, in unit tests, wherever [`force_blockwise`] asks for them).
+fn blockwise_applies(t: &Tensor) -> bool {
+    !t.device().is_cpu() || forced_blockwise()
+}
+
+#[cfg(not(test))]
+fn forced_blockwise() -> bool {
+    false
+}
+
+#[cfg(test)]
+thread_local! {
+    static FORCE_BLOCKWISE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+fn forced_blockwise() -> bool {
+    FORCE_BLOCKWISE.with(|f| f.get())
+}
+
+/// Runs `f` with the blockwise ops on every device (the CUDA code path, on the CPU).
+#[cfg(test)]
+pub(crate) fn force_blockwise<R>(f: impl FnOnce() -> R) -> R {
+    FORCE_BLOCKWISE.with(|flag| {
+        let before = flag.replace(true);
+        let out = f();
+        flag.set(before);
+        out
+    })
+}
 
 /// Tokens per chunk of the lm_head in the composite fallback of [`token_logprobs`].
 const LOGPROB_CHUNK: usize = 128;
@@ -133,6 +171,9 @@ pub fn packed_causal_attention(
     if t == 0 {
         return q.zeros_like();
     }
+    if blockwise_applies(q) {
+        return blockwise::attention(q, k, v, seq_offsets, scale, SCORE_ELEMS);
+    }
     if kernel_applies(&[q, k, v]) {
         let op = attention::PackedAttention {
             offsets: seq_offsets.to_vec(),
@@ -146,16 +187,13 @@ pub fn packed_causal_attention(
     }
 }
 
-/// Per-token log-probabilities `log softmax(hidden · lm_headᵀ / τ)[target]` (`[N]`) and, when
-/// `want_entropy`, the entropy of `softmax(hidden · lm_headᵀ / τ)` (`[N]`). The `[N, V]` logits
-/// are never held whole. `hidden: [N, H]`, `lm_head: [V, H]`, `targets.len() == N`.
-pub fn token_logprobs(
+/// Checks the log-prob head's arguments and returns `N`.
+fn check_logprobs(
     hidden: &Tensor,
     lm_head: &Tensor,
     targets: &[u32],
     temperature: f64,
-    want_entropy: bool,
-) -> Result<(Tensor, Option<Tensor>)> {
+) -> Result<usize> {
     let (n, h) = hidden.dims2()?;
     let (vocab, hw) = lm_head.dims2()?;
     if hw != h {
@@ -181,21 +219,51 @@ pub fn token_logprobs(
     if !(temperature.is_finite() && temperature > 0.0) {
         bail!("token_logprobs: temperature must be positive and finite, got {temperature}");
     }
+    Ok(n)
+}
+
+/// Splits a `[N, 3]` head output into the log-probs and, when `want_entropy`, the entropies.
+fn head_columns(out: &Tensor, want_entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let column = |i: usize| out.narrow(1, i, 1)?.squeeze(1);
+    let ent = if want_entropy {
+        Some(column(logprobs::COL_ENTROPY)?)
+    } else {
+        None
+    };
+    Ok((column(logprobs::COL_LOGP)?, ent))
+}
+
+/// Per-token log-probabilities `log softmax(hidden · lm_headᵀ / τ)[target]` (`[N]`) and, when
+/// `want_entropy`, the entropy of `softmax(hidden · lm_headᵀ / τ)` (`[N]`). The `[N, V]` logits
+/// are never held whole. `hidden: [N, H]`, `lm_head: [V, H]`, `targets.len() == N`.
+pub fn token_logprobs(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &[u32],
+    temperature: f64,
+    want_entropy: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let n = check_logprobs(hidden, lm_head, targets, temperature)?;
     if n == 0 {
         let empty = Tensor::zeros(0, hidden.dtype(), hidden.device())?;
         let ent = want_entropy.then(|| empty.clone());
         return Ok((empty, ent));
     }
+    if blockwise_applies(hidden) {
+        let out = blockwise::token_logprobs(
+            hidden,
+            lm_head,
+            targets,
+            temperature,
+            want_entropy,
+            LOGIT_ELEMS,
+        )?;
+        return head_columns(&out, want_entropy);
+    }
     if kernel_applies(&[hidden, lm_head]) {
         let op = logprobs::TokenLogProbs::new(targets.to_vec(), temperature, want_entropy);
         let out = hidden.contiguous()?.apply_op2(&lm_head.contiguous()?, op)?;
-        let column = |i: usize| out.narrow(1, i, 1)?.squeeze(1);
-        let ent = if want_entropy {
-            Some(column(logprobs::COL_ENTROPY)?)
-        } else {
-            None
-        };
-        return Ok((column(logprobs::COL_LOGP)?, ent));
+        return head_columns(&out, want_entropy);
     }
     composite::token_logprobs(
         hidden,
@@ -205,4 +273,46 @@ pub fn token_logprobs(
         want_entropy,
         LOGPROB_CHUNK,
     )
+}
+
+/// [`packed_causal_attention`] through the blockwise op that runs on CUDA, on any device, with at
+/// most `block_elems` score elements per block (the CUDA path uses [`SCORE_ELEMS`]).
+pub fn blockwise_packed_causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seq_offsets: &[usize],
+    scale: f64,
+    block_elems: usize,
+) -> Result<Tensor> {
+    let (t, _hq, _hkv, _d) = check_attention(q, k, v, seq_offsets)?;
+    if t == 0 {
+        return q.zeros_like();
+    }
+    blockwise::attention(q, k, v, seq_offsets, scale, block_elems)
+}
+
+/// [`token_logprobs`] through the chunked op that runs on CUDA, on any device, with at most
+/// `chunk_elems` logits per chunk (the CUDA path uses [`LOGIT_ELEMS`]).
+pub fn blockwise_token_logprobs(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &[u32],
+    temperature: f64,
+    want_entropy: bool,
+    chunk_elems: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
+    if check_logprobs(hidden, lm_head, targets, temperature)? == 0 {
+        let empty = Tensor::zeros(0, hidden.dtype(), hidden.device())?;
+        return Ok((empty.clone(), want_entropy.then_some(empty)));
+    }
+    let out = blockwise::token_logprobs(
+        hidden,
+        lm_head,
+        targets,
+        temperature,
+        want_entropy,
+        chunk_elems,
+    )?;
+    head_columns(&out, want_entropy)
 }
