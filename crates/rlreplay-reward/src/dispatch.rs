@@ -1,4 +1,5 @@
-//! Reward dispatch by `data_source`: math sets to the math verifier, SciKnowEval to the MCQ grader.
+//! Reward dispatch by `data_source`: math sets to the math verifier, multiple-choice sets
+//! (SciKnowEval, MMLU, SciQ, ARC-Challenge, OpenBookQA) to the MCQ grader.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +43,10 @@ pub struct RewardOutcome {
     pub error: Option<String>,
 }
 
+/// The `data_source` values graded by the multiple-choice grader by default: SciKnowEval and the
+/// multiple-choice sets `rlreplay prepare` writes.
+pub const MCQ_SOURCES: [&str; 5] = ["sciknoweval", "mmlu", "sciq", "arc_challenge", "openbookqa"];
+
 /// Maps `data_source` values to reward functions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RewardDispatch {
@@ -55,10 +60,14 @@ pub struct RewardDispatch {
 }
 
 impl Default for RewardDispatch {
-    /// `sciknoweval` -> MCQ; every other source (polaris, aime25, beyondaime, minerva, MATH-500,
-    /// ...) -> the math verifier with the MaxRL reward, as verl's MaxRL reward manager does.
+    /// [`MCQ_SOURCES`] -> MCQ; every other source (polaris, aime25, beyondaime, minerva,
+    /// MATH-500, gsm8k, ...) -> the math verifier with the MaxRL reward, as verl's MaxRL reward
+    /// manager does.
     fn default() -> Self {
-        let rules = BTreeMap::from([("sciknoweval".to_string(), RewardKind::Mcq)]);
+        let rules = MCQ_SOURCES
+            .iter()
+            .map(|s| (s.to_string(), RewardKind::Mcq))
+            .collect();
         Self {
             rules,
             fallback: RewardKind::Math(Mode::Maxrl),
@@ -143,6 +152,9 @@ mod tests {
             d.score("sciknoweval", "B", "<answer>B</answer>").reward,
             1.0
         );
+        assert_eq!(d.score("mmlu", "C", "<answer>\nC\n</answer>").reward, 1.0);
+        assert_eq!(d.kind("openbookqa"), RewardKind::Mcq);
+        assert_eq!(d.kind("gsm8k"), RewardKind::Math(Mode::Maxrl));
         assert_eq!(d.score("polaris", "12", "so \\boxed{12}").reward, 1.0);
         assert_eq!(d.score("aime25", "12", "so \\boxed{13}").reward, 0.0);
         let d = d.with_rules_str("polaris=mcq").unwrap();

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use dispatch::{RewardDispatch, RewardKind, RewardOutcome};
+pub use dispatch::{RewardDispatch, RewardKind, RewardOutcome, MCQ_SOURCES};
 pub use mcq::{mcq_reward, McqScore};
 
 use expr::{Budget, Stop};

@@ -49,7 +49,8 @@ pub struct SamplingArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Reward rules `source=kind,...` added to the defaults (kinds: math, maxrl, math-default, mcq;
-    /// sciknoweval is mcq, every other source the MaxRL math reward).
+    /// sciknoweval, mmlu, sciq, arc_challenge and openbookqa are mcq, every other source the
+    /// MaxRL math reward).
     #[arg(long, default_value = "")]
     pub reward_rules: String,
 }

@@ -6,6 +6,7 @@ pub mod device_check;
 pub mod eval;
 pub mod generate;
 pub mod logprobs;
+pub mod prepare;
 pub mod replay;
 pub mod serve;
 pub mod show;
