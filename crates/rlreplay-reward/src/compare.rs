@@ -421,6 +421,19 @@ fn compare_sets(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
             return Ok(same);
         }
     }
+    // A tuple (or an open interval read as a pair) against a set compares with the set's
+    // elements in written order (latex2sympy's `_unsorted_args`, duplicates included).
+    let pair = |g: &Expr| match g {
+        Expr::Tuple(g) => Some(g.clone()),
+        Expr::Interval(l, h, true, true) => Some(vec![(**l).clone(), (**h).clone()]),
+        _ => None,
+    };
+    if let (Some(g), Expr::Set(p)) = (pair(&gs), &ps) {
+        if g.len() != p.len() || dedup_set(p, b)?.len() != p.len() {
+            return Ok(false);
+        }
+        return elementwise(&g, p, b);
+    }
     let (gs, ps) = match (gs, ps) {
         (Expr::Set(g), Expr::Set(p)) => {
             (Expr::Set(dedup_set(&g, b)?), Expr::Set(dedup_set(&p, b)?))
@@ -435,19 +448,15 @@ fn compare_sets(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
         }
         (Expr::Set(g), Expr::Set(p)) => elementwise(&sorted(g, b), &sorted(p, b), b),
         (Expr::Set(g), Expr::Tuple(p)) => elementwise(&sorted(g, b), &sorted(p, b), b),
-        (Expr::Tuple(g), Expr::Set(p)) => elementwise(g, p, b),
         (Expr::Tuple(g), Expr::Tuple(p)) => elementwise(g, p, b),
-        (Expr::Interval(l, h, true, true), Expr::Set(p) | Expr::Tuple(p)) if p.len() == 2 => {
-            let g = [(**l).clone(), (**h).clone()];
-            match &ps {
-                Expr::Set(_) => elementwise(&g, &sorted(p, b), b),
-                _ => elementwise(&g, p, b),
-            }
+        (Expr::Interval(l, h, true, true), Expr::Tuple(p)) if p.len() == 2 => {
+            elementwise(&[(**l).clone(), (**h).clone()], p, b)
         }
         (Expr::Set(g) | Expr::Tuple(g), Expr::Interval(l, h, true, true)) if g.len() == 2 => {
             let p = [(**l).clone(), (**h).clone()];
             match &gs {
-                Expr::Set(_) => elementwise(&sorted(g, b), &p, b),
+                // A set against a pair sorts both (sympy's `ordered`).
+                Expr::Set(_) => elementwise(&sorted(g, b), &sorted(&p, b), b),
                 _ => elementwise(g, &p, b),
             }
         }

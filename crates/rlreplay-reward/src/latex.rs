@@ -189,20 +189,32 @@ fn parse_with(text: &str, complex: bool, python: bool, budget: &Budget) -> Resul
         python,
         budget,
     };
-    let elems = p.top_elements()?;
-    p.skip_ws();
-    if p.pos != p.s.len() || elems.is_empty() {
-        return Err(Stop::Fail);
-    }
-    let e = if elems.len() == 1 {
-        elems.into_iter().next().expect("one")
-    } else {
-        Expr::Set(elems)
+    let e = match p.set_elements_relation()? {
+        Some(e) => e,
+        None => {
+            p.pos = 0;
+            p.depth = 0;
+            let elems = p.top_elements(false)?;
+            p.skip_ws();
+            if p.pos != p.s.len() || elems.is_empty() {
+                return Err(Stop::Fail);
+            }
+            one_or_set(elems)
+        }
     };
     if e.depth_capped(MAX_TREE_DEPTH) > MAX_TREE_DEPTH {
         return Err(budget.bound());
     }
     Ok(e)
+}
+
+/// The element of a one-element list, else the set of the elements.
+fn one_or_set(elems: Vec<Expr>) -> Expr {
+    if elems.len() == 1 {
+        elems.into_iter().next().expect("one")
+    } else {
+        Expr::Set(elems)
+    }
 }
 
 /// Parses a plain decimal or integer literal ("12", "-0.5", "1e3").
@@ -383,13 +395,75 @@ impl Parser<'_> {
         }
     }
 
+    /// latex2sympy's first reading of a whole answer (`set_elements_relation`): one symbol (a
+    /// letter other than `e`, a Greek letter or `\text{…}`, with an optional sub- or
+    /// superscript, or a parenthesised list of them), `=` or `\in`, then elements holding no
+    /// relation: `x = 1, 2` is `x = \{1, 2\}`, `x = \pm 2` is `x = \{-2, 2\}`. `None` when the
+    /// text is not of that shape (it is then read as [`Self::top_elements`]).
+    fn set_elements_relation(&mut self) -> Result<Option<Expr>, Stop> {
+        self.skip_ws();
+        let starts = match self.peek() {
+            Some(c) if c.is_ascii_alphabetic() => c != 'e' && c != 'E',
+            Some('(') => true,
+            Some('\\') => {
+                let cmd = self.peek_cmd().unwrap_or_default();
+                GREEK.contains(&cmd.as_str()) || matches!(cmd.as_str(), "text" | "mbox" | "textrm")
+            }
+            _ => false,
+        };
+        if !starts {
+            return Ok(None);
+        }
+        let symbol = |e: &Expr| matches!(e, Expr::Sym(n) if !n.starts_with('e'));
+        let lhs = match self.postfix() {
+            Ok(e) => e,
+            Err(Stop::Timeout) => return Err(Stop::Timeout),
+            Err(Stop::Fail) => return Ok(None),
+        };
+        let target = match &lhs {
+            Expr::Pow(b, _) => matches!(**b, Expr::Sym(_)),
+            Expr::Interval(a, b, true, true) => symbol(a) && symbol(b),
+            Expr::Tuple(v) => v.iter().all(symbol),
+            e => matches!(e, Expr::Sym(_)),
+        };
+        self.skip_ws();
+        let assign = match self.peek() {
+            Some('=') => {
+                self.pos += 1;
+                self.peek() != Some('=')
+            }
+            _ => self.eat_cmd("in"),
+        };
+        if !target || !assign {
+            return Ok(None);
+        }
+        let elems = match self.top_elements(true) {
+            Ok(v) => v,
+            Err(Stop::Timeout) => return Err(Stop::Timeout),
+            Err(Stop::Fail) => return Ok(None),
+        };
+        self.skip_ws();
+        if self.pos != self.s.len() || elems.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Expr::Rel(
+            RelOp::Eq,
+            Box::new(lhs),
+            Box::new(one_or_set(elems)),
+        )))
+    }
+
     /// The elements of a whole answer: as [`Self::elements`], except that `;` separates groups
     /// of comma-separated elements, which become tuples when any group has more than one
     /// element (`p=5,q=2;p=7,q=2` is two pairs of equations, `1,2;3` is `(1,2)` and `(3,)`).
-    fn top_elements(&mut self) -> Result<Vec<Expr>, Stop> {
+    /// With `no_relation`, an element may hold no relation and no set operation.
+    fn top_elements(&mut self, no_relation: bool) -> Result<Vec<Expr>, Stop> {
         let mut groups: Vec<Vec<Expr>> = vec![Vec::new()];
         loop {
-            groups.last_mut().expect("a group").extend(self.element()?);
+            groups
+                .last_mut()
+                .expect("a group")
+                .extend(self.element(no_relation)?);
             self.skip_ws();
             match self.peek() {
                 Some(',') => self.pos += 1,
@@ -410,7 +484,7 @@ impl Parser<'_> {
     fn elements(&mut self) -> Result<Vec<Expr>, Stop> {
         let mut out = Vec::new();
         loop {
-            out.extend(self.element()?);
+            out.extend(self.element(false)?);
             self.skip_ws();
             match self.peek() {
                 Some(',') | Some(';') => self.pos += 1,
@@ -420,7 +494,7 @@ impl Parser<'_> {
     }
 
     /// One element: a set expression, a relation chain, or a `±` pair.
-    fn element(&mut self) -> Result<Vec<Expr>, Stop> {
+    fn element(&mut self, no_relation: bool) -> Result<Vec<Expr>, Stop> {
         self.enter()?;
         let first = self.additive_pm()?;
         let mut lhs = match first {
@@ -434,6 +508,14 @@ impl Parser<'_> {
         let mut depth = None;
         loop {
             self.skip_ws();
+            if no_relation {
+                let save = self.pos;
+                if self.set_op().is_some() || self.rel_op().is_some() {
+                    return Err(Stop::Fail);
+                }
+                self.pos = save;
+                break;
+            }
             if let Some(op) = self.set_op() {
                 let rhs = self.additive()?;
                 let d = *depth.get_or_insert_with(|| depth_of(&lhs));
@@ -572,17 +654,17 @@ impl Parser<'_> {
 
     fn additive(&mut self) -> Result<Expr, Stop> {
         self.enter()?;
-        let mut terms = vec![self.term()?];
+        let mut terms = vec![self.term(false)?];
         loop {
             self.skip_ws();
             match self.peek() {
                 Some('+') => {
                     self.pos += 1;
-                    terms.push(self.term()?);
+                    terms.push(self.term(false)?);
                 }
                 Some('-') => {
                     self.pos += 1;
-                    let t = self.term()?;
+                    let t = self.term(false)?;
                     terms.push(Expr::negate(t));
                 }
                 _ => break,
@@ -596,8 +678,12 @@ impl Parser<'_> {
         })
     }
 
-    fn term(&mut self) -> Result<Expr, Stop> {
-        let mut acc = self.unary()?;
+    /// A product or quotient of signed implicit products (latex2sympy's `mp`); with `nofunc`,
+    /// an unparenthesised function argument (`mp_nofunc`), whose implicit factors after the
+    /// first are no functions: `\sin x\cos x` is `\sin(x)\cos(x)`, `\sin 2x` is
+    /// `\sin(2x)`, `\sin x \cdot \cos x` is `\sin(x\cos(x))`.
+    fn term(&mut self, nofunc: bool) -> Result<Expr, Stop> {
+        let mut acc = self.unary(nofunc)?;
         // Tree depth of `acc`, computed at the first operator: a division nests it.
         let mut depth = None;
         loop {
@@ -616,7 +702,7 @@ impl Parser<'_> {
             } else {
                 return Ok(acc);
             };
-            let rhs = self.unary()?;
+            let rhs = self.unary(nofunc)?;
             let d = *depth.get_or_insert_with(|| depth_of(&acc));
             let dr = depth_of(&rhs);
             if product {
@@ -640,19 +726,19 @@ impl Parser<'_> {
         }
     }
 
-    fn unary(&mut self) -> Result<Expr, Stop> {
+    fn unary(&mut self, nofunc: bool) -> Result<Expr, Stop> {
         self.enter()?;
         self.skip_ws();
         let r = match self.peek() {
             Some('-') => {
                 self.pos += 1;
-                Expr::negate(self.unary()?)
+                Expr::negate(self.unary(nofunc)?)
             }
             Some('+') => {
                 self.pos += 1;
-                self.unary()?
+                self.unary(nofunc)?
             }
-            _ => self.implicit()?,
+            _ => self.implicit(nofunc)?,
         };
         self.depth -= 1;
         Ok(r)
@@ -707,9 +793,28 @@ impl Parser<'_> {
         }
     }
 
-    fn implicit(&mut self) -> Result<Expr, Stop> {
+    /// Can a function start at the cursor (`\sin`, `\log`, `\sqrt`, `\sum`, `\max`, `e`, ...)?
+    fn func_starts(&mut self) -> bool {
+        self.skip_ws();
+        match self.peek() {
+            // latex2sympy lexes a lone `e` as the exponential function.
+            Some('e') => self.s.get(self.pos + 1) != Some(&'_'),
+            Some('\\') => {
+                let cmd = self.peek_cmd().unwrap_or_default();
+                FUNCS.iter().any(|(n, _)| *n == cmd)
+                    || matches!(
+                        cmd.as_str(),
+                        "log" | "sqrt" | "sum" | "prod" | "max" | "min" | "gcd" | "lcm"
+                    )
+            }
+            _ => false,
+        }
+    }
+
+    /// Implicit products (`2x`, `x\sin y`); with `nofunc`, they stop before a function.
+    fn implicit(&mut self, nofunc: bool) -> Result<Expr, Stop> {
         let mut acc = self.postfix()?;
-        while self.atom_starts() {
+        while self.atom_starts() && !(nofunc && self.func_starts()) {
             let save = self.pos;
             // `|` closes an absolute value as often as it opens one: stop on it.
             if self.peek() == Some('|') {
@@ -782,7 +887,7 @@ impl Parser<'_> {
     fn superscript(&mut self) -> Result<Option<Expr>, Stop> {
         self.skip_ws();
         if self.python {
-            return Ok(Some(self.unary()?));
+            return Ok(Some(self.unary(false)?));
         }
         match self.peek() {
             Some('{') => {
@@ -1019,7 +1124,7 @@ impl Parser<'_> {
         (!v.is_nan()).then_some(v)
     }
 
-    /// A function argument: `(…)`, `{…}`, or the implicit product that follows.
+    /// A function argument: `(…)`, or the unparenthesised argument that follows ([`Self::term`]).
     fn func_arg(&mut self) -> Result<Expr, Stop> {
         self.skip_ws();
         match self.peek() {
@@ -1029,8 +1134,7 @@ impl Parser<'_> {
                 self.expect(')')?;
                 Ok(e)
             }
-            Some('{') => self.group(),
-            _ => self.implicit(),
+            _ => self.term(true),
         }
     }
 
@@ -1186,7 +1290,7 @@ impl Parser<'_> {
         let ((v, lo), Some(hi)) = (var.ok_or(Stop::Fail)?, upper) else {
             return Err(Stop::Fail);
         };
-        let body = self.term()?;
+        let body = self.term(false)?;
         Ok(Expr::Func(name.into(), vec![body, v, lo, hi]))
     }
 
@@ -1323,6 +1427,30 @@ mod tests {
             Ok(Expr::Matrix(_))
         ));
         assert!(p(r"\frac{1}{").is_err());
+    }
+
+    /// Shown by each input's latex2sympy 1.11 reading (sympy's printing).
+    #[test]
+    fn readings_of_latex2sympy() {
+        let same = |a: &str, b: &str| assert_eq!(p(a), p(b), "{a} vs {b}");
+        // An unparenthesised function argument takes no function after its first factor.
+        same(r"\sin x\cos x", r"\sin(x)\cos(x)");
+        same(r"\sin 2x", r"\sin(2x)");
+        same(r"\sin x \cdot \cos x", r"\sin(x\cos(x))");
+        same(r"\sin x / 2", r"\sin(x/2)");
+        same(r"\sin{x}y", r"\sin(xy)");
+        same(r"\sin -x \cos x", r"\sin(-x)\cos(x)");
+        same(r"\sin x \sqrt{2}", r"\sin(x)\sqrt{2}");
+        same(r"\sin 2e", r"\sin(2)e");
+        same(r"\log x \sin y", r"\log(x)\sin(y)");
+        // One symbol assigned a list of elements without relations: an equation with a set.
+        same(r"x = \pm 2", r"x = \{-2, 2\}");
+        same(r"x = 1, 2", r"x = \{1, 2\}");
+        same(r"x_1 \in 1; 2", r"x_1 = \{1, 2\}");
+        same(r"x = 1 \pm 2", r"x = \{1 + 2, 1 - 2\}");
+        assert!(matches!(p("x = 3, y = 2"), Ok(Expr::Set(_))));
+        assert!(matches!(p("2x = 1, 2"), Ok(Expr::Set(_))));
+        assert!(matches!(p("e = 1, 2"), Ok(Expr::Set(_))));
     }
 
     /// Found by fuzzing: a lone `.` parsed as the number 0 without being consumed, so the matrix

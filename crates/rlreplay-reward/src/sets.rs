@@ -140,17 +140,72 @@ fn spans(e: &Expr, b: &Budget) -> Result<Option<Vec<Span>>, Stop> {
             }
             _ => None,
         },
+        Expr::SetOp(op @ (SetOp::Intersection | SetOp::Minus), x, y) => {
+            match (spans(x, b)?, spans_or_points(y, b)?) {
+                (Some(x), Some(y)) if *op == SetOp::Intersection => Some(intersect(&x, &y)),
+                (Some(x), Some(y)) => Some(intersect(&x, &complement(&y))),
+                _ => None,
+            }
+        }
         Expr::NamedSet("reals") => Some(vec![Span::everything()]),
         Expr::NamedSet("empty") => Some(Vec::new()),
         _ => None,
     })
 }
 
-/// True when `e` is a union of intervals written as such (not a single interval).
+/// [`spans`], or a finite set of numbers as one-point intervals (what `\mathbb{R} \setminus
+/// \{2\}` removes).
+fn spans_or_points(e: &Expr, b: &Budget) -> Result<Option<Vec<Span>>, Stop> {
+    let Expr::Set(v) = e else {
+        return spans(e, b);
+    };
+    let mut out = Vec::new();
+    for x in v {
+        match Span::new(x.clone(), false, x.clone(), false, b)? {
+            Some(Some(s)) if s.lo_v.is_finite() => out.push(s),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(normalize(out)))
+}
+
+/// The real numbers outside merged intervals.
+fn complement(v: &[Span]) -> Vec<Span> {
+    let mut out = Vec::new();
+    let (mut lo, mut lo_v, mut lo_open) = (neg_inf(), f64::NEG_INFINITY, true);
+    for s in v {
+        let hi_open = !s.lo_open;
+        if lo_v < s.lo_v || (lo_v == s.lo_v && !lo_open && !hi_open) {
+            out.push(Span {
+                lo: lo.clone(),
+                hi: s.lo.clone(),
+                lo_open,
+                hi_open,
+                lo_v,
+                hi_v: s.lo_v,
+            });
+        }
+        (lo, lo_v, lo_open) = (s.hi.clone(), s.hi_v, !s.hi_open);
+    }
+    if lo_v < f64::INFINITY {
+        out.push(Span {
+            lo,
+            hi: Expr::Inf,
+            lo_open,
+            hi_open: true,
+            lo_v,
+            hi_v: f64::INFINITY,
+        });
+    }
+    out
+}
+
+/// True when `e` is a union of intervals written as such (not a single interval): a set
+/// operation, `\mathbb{R}` or `\emptyset`.
 pub(crate) fn is_union_like(e: &Expr) -> bool {
     matches!(
         e,
-        Expr::SetOp(SetOp::Union, ..) | Expr::NamedSet("reals") | Expr::NamedSet("empty")
+        Expr::SetOp(..) | Expr::NamedSet("reals") | Expr::NamedSet("empty")
     )
 }
 
@@ -436,5 +491,12 @@ mod tests {
         assert_eq!(same("(1,2) \\cup (2,3)", "(1,3)"), Some(false));
         assert_eq!(same("\\mathbb{R}", "(-\\infty, \\infty)"), Some(true));
         assert_eq!(same("\\{1\\}", "[1,1]"), None);
+        // Differences and intersections with intervals and finite sets of numbers.
+        let r2 = "(-\\infty,2) \\cup (2,\\infty)";
+        assert_eq!(same(r2, "\\mathbb{R} \\setminus \\{2\\}"), Some(true));
+        assert_eq!(same(r2, "\\mathbb{R} \\setminus \\{3\\}"), Some(false));
+        assert_eq!(same("[0,1)", "[0,2] \\setminus [1,2]"), Some(true));
+        assert_eq!(same("[1,2]", "[0,2] \\cap [1,3]"), Some(true));
+        assert_eq!(same(r2, "\\mathbb{R} \\setminus \\{x\\}"), None);
     }
 }

@@ -1,11 +1,12 @@
 //! Agreement with math-verify 0.9.0 on the committed differential-testing cases: math-verify's own
 //! test-suite pairs plus generated model-style outputs (`scripts/diff_math_verify.py generate`),
 //! and real reference answers (MATH solutions, GSM8K rationales) plus hand-written endings of the
-//! categories that once disagreed (`scripts/diff_math_verify.py real`).
+//! categories that once disagreed (`scripts/diff_math_verify.py real`), and the hand-labelled
+//! model endings of `data/intent_labels.jsonl` (`scripts/intent_agreement.py grade`).
 
 use rlreplay_reward::{verify_batch, MathVerifier, Mode};
 
-const FILES: [(&str, &str); 2] = [
+const FILES: [(&str, &str); 3] = [
     (
         "math_verify_cases",
         include_str!("data/math_verify_cases.jsonl"),
@@ -14,6 +15,7 @@ const FILES: [(&str, &str); 2] = [
         "math_verify_real",
         include_str!("data/math_verify_real.jsonl"),
     ),
+    ("intent_labels", include_str!("data/intent_labels.jsonl")),
 ];
 
 /// Minimum agreement asserted per mode: every verdict (the measured level).
@@ -22,6 +24,7 @@ const MIN_AGREEMENT: [(Mode, &str, f64); 2] =
 
 #[derive(serde::Deserialize)]
 struct Case {
+    #[serde(alias = "category")]
     source: String,
     gold: String,
     pred: String,
