@@ -28,7 +28,7 @@ const SHORT: [&str; 12] = [
     "--set",
     "validation.test_freq=2",
     "--set",
-    "model.warmup_steps=2",
+    "toy.warmup_steps=2",
     "--set",
     "batch.train_batch_size=4",
     "--set",

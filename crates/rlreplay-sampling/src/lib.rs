@@ -6,3 +6,6 @@
 pub mod chat;
 pub mod engine;
 pub mod sampling;
+pub mod special;
+
+pub use special::stop_ids;

@@ -1,5 +1,12 @@
-//! The replay configuration: one TOML file, unknown keys refused, `--set section.key=value`
-//! overrides parsed as TOML values, and the resolved form saved in the run directory.
+//! The one configuration of both training fronts (`rlreplay replay`, `rlreplay train`): one TOML
+//! file, unknown keys refused, `--set section.key=value` overrides parsed as TOML values, keys that
+//! moved still read (with a warning naming the new key), and the resolved form saved in the run
+//! directory.
+//!
+//! Every section means the same in both fronts. A few keys belong to one kind of rollout source
+//! only ([`SourceKind::keys`]): the logged dataset and its schedule (`[data] path`, `[schedule]`)
+//! to replay, the prompt set and its sampling (`[data] train_files`, `[rollout] n`, `[toy]`, ...)
+//! to online training; setting one in the other front is an error naming it.
 
 use std::path::{Path, PathBuf};
 
@@ -10,41 +17,54 @@ use rlreplay_model::{AdamWConfig, DType, LrSchedule};
 use serde::{Deserialize, Serialize};
 
 use crate::context::ContextConfig;
+use crate::source::SourceKind;
 use crate::teacher::TeacherRegularization;
+use crate::toy::ToyTask;
 
-/// The whole configuration of a replay run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The whole configuration of a training run.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReplayConfig {
+pub struct Config {
     /// The policy to train.
     #[serde(default)]
     pub model: ModelSection,
-    /// The rollout dataset.
+    /// The training data: a logged rollout dataset (replay) or a prompt set (online), and the
+    /// validation prompts.
+    #[serde(default)]
     pub data: DataSection,
-    /// Which rollouts each trainer step consumes, in which order.
+    /// Which logged rollouts each trainer step consumes, in which order (replay).
     #[serde(default)]
     pub schedule: ScheduleSection,
-    /// How the logged rollouts were sampled (the temperature of every log-prob).
+    /// The toy arithmetic task (online, `[data] task = "toy"`).
+    #[serde(default)]
+    pub toy: ToyTask,
+    /// How rollouts are (or were) sampled.
     #[serde(default)]
     pub rollout: RolloutSection,
+    /// Validation mean@k on the validation prompts.
+    #[serde(default)]
+    pub validation: ValidationSection,
     /// Advantage estimator, policy loss, rollout correction (the keys of `rlreplay compute`).
     #[serde(default)]
-    pub algorithm: AlgorithmSection,
+    pub algorithm: AlgoConfig,
     /// Self-distillation (`loss_mode = "rlsd"` / `"rlrt"`): teacher contexts and the teacher.
     #[serde(default)]
     pub self_distillation: SelfDistillationSection,
     /// Optimizer and learning-rate schedule.
     #[serde(default)]
     pub optim: OptimSection,
-    /// Mini-batches, PPO epochs and micro-batch packing.
+    /// Batch sizes, mini-batches, PPO epochs and micro-batch packing.
     #[serde(default)]
     pub batch: BatchSection,
-    /// Checkpoint frequency and rotation.
+    /// Reward dispatch (online rollouts and validation).
     #[serde(default)]
-    pub checkpoint: CheckpointSection,
-    /// Run directory, seed and threads.
+    pub reward: RewardSection,
+    /// Run length, checkpoints, seed, threads, run directory.
     #[serde(default)]
-    pub run: RunSection,
+    pub trainer: TrainerSection,
+    /// The kind of rollout source the configuration was read for (not a key: the front decides).
+    #[serde(skip)]
+    pub source: SourceKind,
 }
 
 /// Compute precision of the model.
@@ -71,48 +91,51 @@ impl Dtype {
     }
 }
 
-/// `[model]`: a Hugging Face Qwen3 directory, or a randomly initialised model.
+/// `[model]`: a Hugging Face directory, or a randomly initialised model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
-    /// Directory holding `config.json` and the safetensors weights.
+    /// Directory holding `config.json`, the safetensors weights and (for everything that renders
+    /// or decodes text) the tokenizer files; or `hf://OWNER/NAME`.
     pub path: Option<PathBuf>,
     /// Compute precision.
-    #[serde(default)]
     pub dtype: Dtype,
     /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
-    #[serde(default = "cpu")]
     pub device: String,
-    /// Build a random model of this shape instead of loading `path` (demos, tests, benchmarks).
+    /// Build a random model of this shape instead of loading `path` (demos, tests, benchmarks,
+    /// the toy task).
     pub random: Option<RandomModel>,
     /// Recompute each layer's activations in the backward pass instead of keeping them (less
     /// memory, one more forward pass of the layers; the same gradients), as verl's key.
-    #[serde(default)]
     pub enable_gradient_checkpointing: bool,
-}
-
-fn cpu() -> String {
-    "cpu".into()
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
             path: None,
-            dtype: Dtype::default(),
-            device: cpu(),
+            dtype: Dtype::F32,
+            device: "cpu".into(),
             random: None,
             enable_gradient_checkpointing: false,
         }
     }
 }
 
-/// The shape of a randomly initialised Qwen3 model; absent keys take the tiny test model's values.
+impl ModelSection {
+    /// The device named by `device`.
+    pub fn device(&self) -> Result<rlreplay_model::Device> {
+        rlreplay_model::parse_device(&self.device).map_err(|e| anyhow::anyhow!("[model] {e}"))
+    }
+}
+
+/// The shape of a randomly initialised Qwen3 model; absent keys take the tiny test model's values
+/// (the toy task's vocabulary is its tokenizer's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RandomModel {
-    /// Vocabulary size; must exceed every token id of the dataset.
-    pub vocab_size: usize,
+    /// Vocabulary size; must exceed every token id of the data.
+    pub vocab_size: Option<usize>,
     /// Hidden size.
     pub hidden_size: usize,
     /// MLP intermediate size.
@@ -137,7 +160,7 @@ impl Default for RandomModel {
     fn default() -> Self {
         let t = rlreplay_model::ModelConfig::tiny();
         Self {
-            vocab_size: t.vocab_size,
+            vocab_size: None,
             hidden_size: t.hidden_size,
             intermediate_size: t.intermediate_size,
             num_hidden_layers: t.num_hidden_layers,
@@ -154,8 +177,9 @@ impl Default for RandomModel {
 impl RandomModel {
     /// The model configuration of this shape.
     pub fn to_config(&self) -> rlreplay_model::ModelConfig {
+        let tiny = rlreplay_model::ModelConfig::tiny();
         rlreplay_model::ModelConfig {
-            vocab_size: self.vocab_size,
+            vocab_size: self.vocab_size.unwrap_or(tiny.vocab_size),
             hidden_size: self.hidden_size,
             intermediate_size: self.intermediate_size,
             num_hidden_layers: self.num_hidden_layers,
@@ -164,25 +188,105 @@ impl RandomModel {
             head_dim: self.head_dim,
             tie_word_embeddings: self.tie_word_embeddings,
             max_position_embeddings: self.max_position_embeddings,
-            ..rlreplay_model::ModelConfig::tiny()
+            ..tiny
         }
     }
 }
 
-/// `[data]`: which rollout dataset, which steps.
+/// Token ids in a configuration: one id or a list (as `eos_token_id` in Hugging Face files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    /// One id.
+    One(u32),
+    /// Several ids.
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    /// The ids as a list.
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+/// Where online training draws its prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// The built-in toy arithmetic task (`[toy]`).
+    Toy,
+    /// `train_files` (and `val_files`).
+    Files,
+}
+
+/// `[data]`: the logged rollout dataset (replay) or the prompt set (online), the validation
+/// prompts, and the tokens that end a response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// A dataset directory, a directory of shards, one shard or a glob.
-    pub path: String,
-    /// Trainer steps to replay, `"A..B"` (inclusive); all steps when absent.
+    /// Replay: a dataset directory, a directory of shards, one shard, a glob, or
+    /// `hf://datasets/OWNER/NAME`.
+    pub path: Option<String>,
+    /// Replay: dataset steps to replay, `"A..B"` (inclusive); all steps when absent.
     pub steps: Option<String>,
-    /// End-of-sequence token id; a response not ending with it is truncated.
-    #[serde(default = "default_eos")]
-    pub eos_token_id: u32,
-    /// Refuse token ids outside the model's vocabulary before training.
-    #[serde(default = "default_true")]
+    /// Replay: refuse token ids outside the model's vocabulary before training.
     pub vocab_check: bool,
+    /// Token ids that end a response: generation stops at them, and a response that does not end
+    /// with one was truncated. Absent: the model's (`eos_token_id` of `generation_config.json`
+    /// and `config.json`, the tokenizer's `eos_token` and `pad_token`).
+    pub eos_token_id: Option<TokenIds>,
+    /// Online: `toy` (the built-in arithmetic task) or `files`; absent: `files` when
+    /// `train_files` is given, else `toy`.
+    pub task: Option<Task>,
+    /// Online: training prompts (verl Parquet or JSON lines).
+    pub train_files: Option<PathBuf>,
+    /// Validation prompts (verl Parquet or JSON lines).
+    pub val_files: Option<PathBuf>,
+    /// Online: keep at most this many training prompts (0 = all).
+    pub train_max_samples: usize,
+    /// Longest prompt in tokens.
+    pub max_prompt_length: usize,
+    /// Drop prompts longer than `max_prompt_length` (otherwise they are an error).
+    pub filter_overlong_prompts: bool,
+    /// Online: shuffle the training prompts with the seed each epoch.
+    pub shuffle: bool,
+    /// Qwen3 thinking switch when rendering prompts (`None` = the template's default); the
+    /// teacher's unless `[self_distillation] enable_thinking` sets it apart.
+    pub enable_thinking: Option<bool>,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        Self {
+            path: None,
+            steps: None,
+            vocab_check: true,
+            eos_token_id: None,
+            task: None,
+            train_files: None,
+            val_files: None,
+            train_max_samples: 0,
+            max_prompt_length: 2048,
+            filter_overlong_prompts: true,
+            shuffle: true,
+            enable_thinking: None,
+        }
+    }
+}
+
+impl DataSection {
+    /// The online prompt task: `task`, or `files` when `train_files` is given, else `toy`.
+    pub fn task(&self) -> Task {
+        self.task.unwrap_or(if self.train_files.is_some() {
+            Task::Files
+        } else {
+            Task::Toy
+        })
+    }
 }
 
 /// How the dataset's steps are turned into trainer steps.
@@ -210,36 +314,28 @@ pub struct MixRange {
     pub weight: f64,
 }
 
-/// `[schedule]`: the order and selection of rollouts.
+/// `[schedule]`: the order and selection of logged rollouts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ScheduleSection {
     /// The schedule mode.
-    #[serde(default)]
     pub mode: ScheduleMode,
     /// Seed of every random choice of the schedule.
-    #[serde(default)]
     pub seed: u64,
     /// Staleness `k` of the `lag` mode.
-    #[serde(default)]
     pub lag: u64,
     /// Keep `k` rollouts per group (seeded choice, logged order kept); 0 keeps all.
-    #[serde(default)]
     pub subsample: usize,
-    /// Drop groups in which no rollout succeeds (score < 0.5 everywhere).
-    #[serde(default)]
+    /// Drop groups in which no rollout succeeds (every score below
+    /// `[algorithm] success_reward_threshold`).
     pub drop_solve_none: bool,
-    /// Drop groups in which every rollout succeeds (score >= 0.5 everywhere).
-    #[serde(default)]
+    /// Drop groups in which every rollout succeeds (every score at least the threshold).
     pub drop_solve_all: bool,
-    /// Drop rows whose response does not end with `eos_token_id`.
-    #[serde(default)]
+    /// Drop rows whose response does not end with an end-of-response token.
     pub drop_truncated: bool,
     /// Passes over the scheduled steps.
-    #[serde(default = "default_one")]
     pub epochs: u32,
     /// Weighted step ranges of the `mix` mode.
-    #[serde(default)]
     pub mix: Vec<MixRange>,
 }
 
@@ -259,42 +355,64 @@ impl Default for ScheduleSection {
     }
 }
 
-/// `[rollout]` of a replay: how the logged rollouts were sampled. The key means what it means in
-/// `rlreplay train`'s `[rollout]`.
+/// `[rollout]`: how rollouts are sampled (online) or were sampled (replay: `temperature`), and
+/// the generation limits of training rollouts and validation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RolloutSection {
     /// Sampling temperature of the rollouts, the temperature every log-prob is computed at.
-    #[serde(default = "default_temperature")]
     pub temperature: f64,
+    /// Online: rollouts per prompt.
+    pub n: usize,
+    /// Online: nucleus threshold.
+    pub top_p: f64,
+    /// Top-k (0 = off).
+    pub top_k: usize,
+    /// Longest generated response in tokens; a response that reaches it is truncated.
+    pub max_response_length: usize,
+    /// Sequences decoded at once.
+    pub max_batch: usize,
 }
 
 impl Default for RolloutSection {
     fn default() -> Self {
         Self {
-            temperature: default_temperature(),
+            temperature: 1.0,
+            n: 8,
+            top_p: 1.0,
+            top_k: 0,
+            max_response_length: 8192,
+            max_batch: 256,
         }
     }
 }
 
-/// `[algorithm]`: every key of the algorithm layer's configuration.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct AlgorithmSection {
-    /// The algorithm layer's keys (`adv_estimator`, `loss_mode`, ...), validated by it.
-    #[serde(flatten)]
-    pub params: toml::Table,
+/// `[validation]`: mean@k on the validation prompts (`[data] val_files`, or the toy task's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationSection {
+    /// Validate every this many trainer steps (0 = never; the last step is always validated
+    /// when > 0).
+    pub test_freq: u64,
+    /// Samples per validation prompt (k of mean@k).
+    pub val_n: usize,
+    /// Validation temperature.
+    pub val_temperature: f64,
+    /// Validation nucleus threshold.
+    pub val_top_p: f64,
+    /// Also validate the initial policy (step 0).
+    pub val_before_train: bool,
 }
 
-impl AlgorithmSection {
-    /// The algorithm layer's configuration, refusing what replay cannot provide (a reference
-    /// policy for the KL loss).
-    pub fn algo_config(&self) -> Result<AlgoConfig> {
-        let algo: AlgoConfig = self.params.clone().try_into().context("[algorithm]")?;
-        algo.validate().context("[algorithm]")?;
-        if algo.use_kl_loss {
-            bail!("[algorithm] use_kl_loss = true: replay has no reference policy");
+impl Default for ValidationSection {
+    fn default() -> Self {
+        Self {
+            test_freq: 10,
+            val_n: 16,
+            val_temperature: 0.6,
+            val_top_p: 0.95,
+            val_before_train: false,
         }
-        Ok(algo)
     }
 }
 
@@ -348,11 +466,6 @@ impl SelfDistillationSection {
     }
 }
 
-/// Whether `loss_mode` needs teacher log-probs (`rlsd` / `rlrt`).
-pub fn uses_teacher(algo: &AlgoConfig) -> bool {
-    algo.loss_mode.needs_teacher()
-}
-
 /// Learning-rate schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -368,31 +481,23 @@ pub enum LrScheduleKind {
 
 /// `[optim]`: AdamW and the learning-rate schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
     /// Peak learning rate.
-    #[serde(default = "default_lr")]
     pub lr: f64,
     /// Adam betas.
-    #[serde(default = "default_betas")]
     pub betas: [f64; 2],
     /// Adam epsilon.
-    #[serde(default = "default_eps")]
     pub eps: f64,
     /// Decoupled weight decay (applied to every parameter).
-    #[serde(default = "default_weight_decay")]
     pub weight_decay: f64,
     /// Global gradient-norm clip; a non-finite norm skips the step.
-    #[serde(default = "default_one_f64")]
     pub grad_clip: f64,
     /// Learning-rate schedule.
-    #[serde(default)]
     pub lr_schedule: LrScheduleKind,
-    /// Warm-up steps (optimizer steps).
-    #[serde(default)]
+    /// Warm-up steps (trainer steps: the schedule advances once per trainer step).
     pub lr_warmup_steps: u64,
     /// Final rate of the cosine schedule as a fraction of `lr`.
-    #[serde(default)]
     pub min_lr_ratio: f64,
 }
 
@@ -429,10 +534,10 @@ impl OptimSection {
 impl Default for OptimSection {
     fn default() -> Self {
         Self {
-            lr: default_lr(),
-            betas: default_betas(),
-            eps: default_eps(),
-            weight_decay: default_weight_decay(),
+            lr: 1e-6,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay: 0.01,
             grad_clip: 1.0,
             lr_schedule: LrScheduleKind::Constant,
             lr_warmup_steps: 0,
@@ -441,146 +546,228 @@ impl Default for OptimSection {
     }
 }
 
-/// `[batch]`: mini-batches (optimizer steps) and micro-batches (memory).
+/// `[batch]`: sizes count prompts (verl semantics); mini-batches are optimizer steps,
+/// micro-batches bound memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct BatchSection {
+    /// Online: prompts per trainer step.
+    pub train_batch_size: usize,
     /// Prompts (groups) per optimizer step; the whole trainer step when absent.
     pub ppo_mini_batch_size: Option<usize>,
     /// Passes over each trainer step's mini-batches.
-    #[serde(default = "default_one")]
     pub ppo_epochs: u32,
     /// Token budget (prompt + response) of one packed micro-batch.
-    #[serde(default = "default_micro_tokens")]
     pub max_tokens_per_micro_batch: usize,
     /// Shuffle the groups of a trainer step before splitting it into mini-batches.
-    #[serde(default)]
     pub shuffle: bool,
 }
 
 impl Default for BatchSection {
     fn default() -> Self {
         Self {
+            train_batch_size: 32,
             ppo_mini_batch_size: None,
             ppo_epochs: 1,
-            max_tokens_per_micro_batch: default_micro_tokens(),
+            max_tokens_per_micro_batch: 16_384,
             shuffle: false,
         }
     }
 }
 
-/// `[checkpoint]`: when to save, how many to keep.
+/// `[reward]`: which reward function scores each data source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckpointSection {
-    /// Save every `save_freq` trainer steps (and always at the end); 0 saves only at the end.
-    #[serde(default)]
-    pub save_freq: u64,
-    /// Number of complete checkpoints kept; 0 keeps all.
-    #[serde(default = "default_keep")]
-    pub keep: usize,
+#[serde(deny_unknown_fields, default)]
+pub struct RewardSection {
+    /// Extra `source=kind` rules (kinds: math, maxrl, math-default, mcq).
+    pub rules: String,
+    /// Time limit of one verification in seconds; a timeout scores 0 and is counted.
+    pub timeout_s: f64,
 }
 
-impl Default for CheckpointSection {
+impl Default for RewardSection {
     fn default() -> Self {
         Self {
-            save_freq: 0,
-            keep: default_keep(),
+            rules: String::new(),
+            timeout_s: 1.0,
         }
     }
 }
 
-/// `[run]`: where and how the run executes.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunSection {
+impl RewardSection {
+    /// The reward dispatch of these rules and time limit.
+    pub fn dispatch(&self) -> Result<rlreplay_reward::RewardDispatch> {
+        let mut rewards = rlreplay_reward::RewardDispatch::default()
+            .with_rules_str(&self.rules)
+            .map_err(anyhow::Error::msg)
+            .context("[reward] rules")?;
+        rewards.limits.time = std::time::Duration::from_secs_f64(self.timeout_s);
+        Ok(rewards)
+    }
+}
+
+/// Trainer steps of an online run whose configuration leaves `total_training_steps` out.
+pub const DEFAULT_ONLINE_STEPS: u64 = 100;
+
+/// `[trainer]`: the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerSection {
+    /// Trainer steps to run; absent: the whole schedule (replay) or
+    /// [`DEFAULT_ONLINE_STEPS`] (online, written out in the resolved configuration).
+    pub total_training_steps: Option<u64>,
+    /// Checkpoint every this many trainer steps (the last step is always saved); 0 saves only
+    /// at the end.
+    pub save_freq: u64,
+    /// Complete `global_step_N` checkpoints kept (0 = all).
+    pub keep: usize,
+    /// Seed of the trainer's own random choices (prompt order, sampling, group shuffling).
+    pub seed: u64,
+    /// Worker threads (0 = every core).
+    pub threads: usize,
     /// Run directory (`--out` overrides it).
     pub dir: Option<PathBuf>,
-    /// Seed of the model initialisation and the trainer's random choices.
-    #[serde(default)]
-    pub seed: u64,
-    /// Worker threads; 0 uses every core.
-    #[serde(default)]
-    pub threads: usize,
 }
 
-fn default_true() -> bool {
-    true
-}
-fn default_one() -> u32 {
-    1
-}
-fn default_one_f64() -> f64 {
-    1.0
-}
-fn default_eos() -> u32 {
-    151_643
-}
-fn default_temperature() -> f64 {
-    1.0
-}
-fn default_lr() -> f64 {
-    1e-6
-}
-fn default_betas() -> [f64; 2] {
-    [0.9, 0.999]
-}
-fn default_eps() -> f64 {
-    1e-8
-}
-fn default_weight_decay() -> f64 {
-    0.01
-}
-fn default_micro_tokens() -> usize {
-    16_384
-}
-fn default_keep() -> usize {
-    2
+impl Default for TrainerSection {
+    fn default() -> Self {
+        Self {
+            total_training_steps: None,
+            save_freq: 10,
+            keep: 1,
+            seed: 0,
+            threads: 0,
+            dir: None,
+        }
+    }
 }
 
-impl ReplayConfig {
-    /// Reads a configuration file and applies `section.key=value` overrides.
+/// Keys that moved, `(old, new)` as dotted paths: they keep working for one release, with a
+/// warning naming the new key. Applied in order (a table moves before keys move into it).
+pub const MOVED: &[(&str, &str)] = &[
+    ("algorithm.temperature", "rollout.temperature"),
+    (
+        "self_distillation.success_reward_threshold",
+        "algorithm.success_reward_threshold",
+    ),
+    ("checkpoint.save_freq", "trainer.save_freq"),
+    ("checkpoint.keep", "trainer.keep"),
+    ("run.dir", "trainer.dir"),
+    ("run.seed", "trainer.seed"),
+    ("run.threads", "trainer.threads"),
+    ("model.toy", "model.random"),
+    ("model.init_seed", "model.random.seed"),
+    ("model.warmup_steps", "toy.warmup_steps"),
+    ("model.warmup_lr", "toy.warmup_lr"),
+    (
+        "model.warmup_correct_fraction",
+        "toy.warmup_correct_fraction",
+    ),
+];
+
+/// What may differ between the configuration a run started with and the one it resumes with.
+pub const MAY_CHANGE_ON_RESUME: &str = "[trainer] save_freq, keep, dir";
+
+impl Config {
+    /// Reads a configuration file for a `source` front and applies `section.key=value`
+    /// overrides; returns it with the deprecation warnings of moved keys.
     ///
     /// Values are parsed as TOML (`1e-6`, `true`, `"text"`, `[0.9, 0.95]`); a value that is not
     /// valid TOML is taken as a string, so `--set model.path=/some/dir` works unquoted.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+    pub fn load(
+        path: &Path,
+        overrides: &[String],
+        source: SourceKind,
+    ) -> Result<(Self, Vec<String>)> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
-        Self::parse(&text, overrides).with_context(|| format!("in config {}", path.display()))
-    }
-
-    /// [`ReplayConfig::load`], with the deprecation warnings of moved keys.
-    pub fn load_reporting(path: &Path, overrides: &[String]) -> Result<(Self, Vec<String>)> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config {}", path.display()))?;
-        Self::parse_reporting(&text, overrides)
+        Self::parse_reporting(&text, overrides, source)
             .with_context(|| format!("in config {}", path.display()))
     }
 
-    /// Parses configuration text and applies overrides (see [`ReplayConfig::load`]).
-    pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
-        Ok(Self::parse_reporting(text, overrides)?.0)
+    /// Parses configuration text for a `source` front and applies overrides (see
+    /// [`Config::load`]); deprecation warnings are dropped.
+    pub fn parse(text: &str, overrides: &[String], source: SourceKind) -> Result<Self> {
+        Ok(Self::parse_reporting(text, overrides, source)?.0)
     }
 
-    /// [`ReplayConfig::parse`], with the deprecation warnings of moved keys ([`REPLAY_MOVED`]).
-    pub fn parse_reporting(text: &str, overrides: &[String]) -> Result<(Self, Vec<String>)> {
-        let (edited, warnings) = edit_document(text, overrides, REPLAY_MOVED)?;
-        let mut cfg: ReplayConfig = toml::from_str(&edited)?;
+    /// [`Config::parse`], with the deprecation warnings of moved keys ([`MOVED`]).
+    pub fn parse_reporting(
+        text: &str,
+        overrides: &[String],
+        source: SourceKind,
+    ) -> Result<(Self, Vec<String>)> {
+        let (doc, warnings) = edit_document(text, overrides, MOVED)?;
+        for other in SourceKind::ALL.into_iter().filter(|&k| k != source) {
+            for key in other.keys() {
+                if lookup(&doc, key).is_some() {
+                    bail!(
+                        "`{key}` belongs to `{}`: `{}` does not read it",
+                        other.command(),
+                        source.command()
+                    );
+                }
+            }
+        }
+        let mut cfg: Config = toml::from_str(&toml::to_string(&doc)?)?;
+        cfg.source = source;
+        cfg.resolve();
         cfg.validate()?;
-        // Write every key of the algorithm layer out, defaults included.
-        let algo = cfg.algorithm.algo_config()?;
-        cfg.algorithm.params = toml::Table::try_from(&algo)?;
-        cfg.self_distillation.context.success_reward_threshold = algo.success_reward_threshold;
         Ok((cfg, warnings))
     }
 
-    /// Checks value ranges that the types alone do not express.
-    pub fn validate(&self) -> Result<()> {
-        if self.model.path.is_none() == self.model.random.is_none() {
-            bail!("[model]: give exactly one of `path` and `random`");
+    /// Writes out the defaults that depend on the front and the values other sections copy.
+    fn resolve(&mut self) {
+        if self.source == SourceKind::Online {
+            self.data.task = Some(self.data.task());
+            self.trainer.total_training_steps = Some(
+                self.trainer
+                    .total_training_steps
+                    .unwrap_or(DEFAULT_ONLINE_STEPS),
+            );
         }
-        let algo = self.algorithm.algo_config()?;
-        if uses_teacher(&algo) && self.model.path.is_none() {
+        self.self_distillation.context.success_reward_threshold =
+            self.algorithm.success_reward_threshold;
+    }
+
+    /// Checks what the types alone do not express.
+    pub fn validate(&self) -> Result<()> {
+        self.algorithm.validate().context("[algorithm]")?;
+        let algo = &self.algorithm;
+        if algo.use_kl_loss {
+            bail!("[algorithm] use_kl_loss = true: the trainer has no reference policy");
+        }
+        let m = &self.model;
+        match (self.source, self.data.task()) {
+            (SourceKind::Logged, _) => {
+                if m.path.is_none() == m.random.is_none() {
+                    bail!("[model]: give exactly one of `path` and `random`");
+                }
+                if self.data.path.is_none() {
+                    bail!("[data] path: the rollout dataset to replay is missing");
+                }
+            }
+            (SourceKind::Online, Task::Files) => {
+                if self.data.train_files.is_none() || m.path.is_none() {
+                    bail!("[data] task = \"files\" needs data.train_files and model.path");
+                }
+                if m.random.is_some() {
+                    bail!("[model] random: the prompt files need the tokenizer of [model] path");
+                }
+            }
+            (SourceKind::Online, Task::Toy) => {
+                if m.path.is_some() && m.random.is_some() {
+                    bail!("[model]: give at most one of `path` and `random`");
+                }
+                if let (None, Some(v)) = (&m.path, m.random.as_ref().and_then(|r| r.vocab_size)) {
+                    let toy = crate::toy::vocab().len();
+                    if v != toy {
+                        bail!("[model.random] vocab_size = {v}: the toy tokenizer has {toy} ids");
+                    }
+                }
+            }
+        }
+        if algo.loss_mode.needs_teacher() && m.path.is_none() && self.source == SourceKind::Logged {
             bail!(
                 "[algorithm] loss_mode = {:?} needs [model] path: the teacher contexts are decoded \
                  with the model directory's tokenizer.json",
@@ -588,11 +775,26 @@ impl ReplayConfig {
             );
         }
         self.self_distillation.validate()?;
-        if !(self.rollout.temperature > 0.0 && self.rollout.temperature.is_finite()) {
+        let r = &self.rollout;
+        if !(r.temperature > 0.0 && r.temperature.is_finite()) {
             bail!(
                 "[rollout] temperature = {}: must be a positive number",
-                self.rollout.temperature
+                r.temperature
             );
+        }
+        if r.n == 0 || r.max_response_length == 0 || r.max_batch == 0 {
+            bail!("[rollout] n, max_response_length and max_batch must be at least 1");
+        }
+        let unit = |x: f64| x > 0.0 && x <= 1.0;
+        if !unit(r.top_p) || !unit(self.validation.val_top_p) {
+            bail!("[rollout] top_p and [validation] val_top_p must lie in (0, 1]");
+        }
+        let v = &self.validation;
+        if v.val_n == 0 || v.val_temperature.is_nan() || v.val_temperature < 0.0 {
+            bail!("[validation] val_n must be >= 1 and val_temperature >= 0");
+        }
+        if self.reward.timeout_s.is_nan() || self.reward.timeout_s <= 0.0 {
+            bail!("[reward] timeout_s must be positive");
         }
         let o = &self.optim;
         if !(o.lr >= 0.0 && o.lr.is_finite()) {
@@ -612,15 +814,20 @@ impl ReplayConfig {
         {
             bail!("[optim]: eps must be > 0, weight_decay >= 0, min_lr_ratio in [0, 1]");
         }
-        if self.batch.ppo_mini_batch_size == Some(0) {
-            bail!("[batch] ppo_mini_batch_size = 0: must be at least 1 prompt");
+        let b = &self.batch;
+        if b.train_batch_size == 0 || b.ppo_mini_batch_size == Some(0) {
+            bail!("[batch] train_batch_size and ppo_mini_batch_size must be at least 1 prompt");
         }
-        if self.batch.ppo_epochs == 0 || self.schedule.epochs == 0 {
+        if b.ppo_epochs == 0 || self.schedule.epochs == 0 {
             bail!("[batch] ppo_epochs and [schedule] epochs must be at least 1");
         }
-        if self.batch.max_tokens_per_micro_batch == 0 {
+        if b.max_tokens_per_micro_batch == 0 {
             bail!("[batch] max_tokens_per_micro_batch = 0: must be positive");
         }
+        if self.trainer.total_training_steps == Some(0) {
+            bail!("[trainer] total_training_steps = 0: must be at least 1");
+        }
+        self.toy.validate()?;
         let s = &self.schedule;
         match s.mode {
             ScheduleMode::Mix if s.mix.is_empty() => {
@@ -646,36 +853,116 @@ impl ReplayConfig {
         Ok(())
     }
 
-    /// The resolved configuration as TOML text (every default written out).
+    /// Whether the loss needs a teacher (`rlsd` / `rlrt`).
+    pub fn uses_teacher(&self) -> bool {
+        self.algorithm.loss_mode.needs_teacher()
+    }
+
+    /// The resolved configuration as TOML text: every default written out, without the keys of
+    /// the other kind of source.
     pub fn to_toml(&self) -> Result<String> {
-        Ok(toml::to_string_pretty(self)?)
+        let mut doc = toml::Table::try_from(self)?;
+        for other in SourceKind::ALL.into_iter().filter(|&k| k != self.source) {
+            for key in other.keys() {
+                remove(&mut doc, key);
+            }
+        }
+        Ok(toml::to_string_pretty(&doc)?)
+    }
+
+    /// The configuration as it compares on `--resume`: what may change cleared
+    /// ([`MAY_CHANGE_ON_RESUME`]).
+    pub fn comparable(&self) -> Self {
+        let mut c = self.clone();
+        c.trainer.save_freq = 0;
+        c.trainer.keep = 0;
+        c.trainer.dir = None;
+        c
     }
 }
 
-/// Keys that moved, `(old, new)`, as `section.key`: they keep working for one release, with a
-/// warning naming the new key.
-pub const REPLAY_MOVED: &[(&str, &str)] = &[
-    ("algorithm.temperature", "rollout.temperature"),
-    (
-        "self_distillation.success_reward_threshold",
-        "algorithm.success_reward_threshold",
-    ),
-];
+/// The value at a dotted `path` of a TOML document.
+fn lookup<'a>(doc: &'a toml::Table, path: &str) -> Option<&'a toml::Value> {
+    let mut parts = path.split('.');
+    let mut cur = doc.get(parts.next()?)?;
+    for p in parts {
+        cur = cur.as_table()?.get(p)?;
+    }
+    Some(cur)
+}
 
-/// Configuration text with the `--set` overrides applied and the deprecated keys of `moved` in
-/// their new places, as TOML text (re-parsed by the caller, so that errors carry the offending
-/// key and line), and the deprecation warnings. Both training fronts read their files with it.
+/// Removes the value at a dotted `path` and returns it; a table left empty by the removal goes
+/// too.
+fn remove(doc: &mut toml::Table, path: &str) -> Option<toml::Value> {
+    match path.split_once('.') {
+        None => doc.remove(path),
+        Some((head, rest)) => {
+            let inner = doc.get_mut(head)?.as_table_mut()?;
+            let value = remove(inner, rest);
+            if inner.is_empty() {
+                doc.remove(head);
+            }
+            value
+        }
+    }
+}
+
+/// Sets the value at a dotted `path`, creating the tables on the way.
+fn insert(doc: &mut toml::Table, path: &str, value: toml::Value) -> Result<()> {
+    let mut table = doc;
+    let parts: Vec<&str> = path.split('.').collect();
+    for p in &parts[..parts.len() - 1] {
+        table = table
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .with_context(|| format!("`{p}` is not a section"))?;
+    }
+    table.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// Configuration text with the deprecated keys of `moved` in their new places and then the
+/// `--set` overrides applied (an override of a deprecated key sets its new key), and the
+/// deprecation warnings.
 pub fn edit_document(
     text: &str,
     overrides: &[String],
     moved: &[(&str, &str)],
-) -> Result<(String, Vec<String>)> {
+) -> Result<(toml::Table, Vec<String>)> {
     let mut doc: toml::Table = toml::from_str(text)?;
+    let mut warnings = move_deprecated(&mut doc, moved)?;
     for o in overrides {
-        apply_override(&mut doc, o)?;
+        let spec = match o.split_once('=') {
+            Some((key, value)) => match renamed(key.trim(), moved) {
+                Some(new) => {
+                    warnings.push(deprecation(key.trim(), &new));
+                    format!("{new}={value}")
+                }
+                None => o.clone(),
+            },
+            None => o.clone(),
+        };
+        apply_override(&mut doc, &spec)?;
     }
-    let warnings = move_deprecated(&mut doc, moved)?;
-    Ok((toml::to_string(&doc)?, warnings))
+    Ok((doc, warnings))
+}
+
+/// The new place of `key` when it is, or lies under, a deprecated key of `moved`.
+fn renamed(key: &str, moved: &[(&str, &str)]) -> Option<String> {
+    moved.iter().find_map(|(old, new)| {
+        if key == *old {
+            Some(new.to_string())
+        } else {
+            key.strip_prefix(old)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .map(|rest| format!("{new}.{rest}"))
+        }
+    })
+}
+
+fn deprecation(old: &str, new: &str) -> String {
+    format!("{old} is deprecated and will be removed in the next release: use {new}")
 }
 
 /// Moves every deprecated key `old` of `moved` in `doc` to its `new` place and returns one warning
@@ -683,31 +970,16 @@ pub fn edit_document(
 pub fn move_deprecated(doc: &mut toml::Table, moved: &[(&str, &str)]) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     for (old, new) in moved {
-        let (os, ok) = old.split_once('.').expect("section.key");
-        let (ns, nk) = new.split_once('.').expect("section.key");
-        let Some(value) = doc
-            .get_mut(os)
-            .and_then(|t| t.as_table_mut())
-            .and_then(|t| t.remove(ok))
-        else {
+        let Some(value) = remove(doc, old) else {
             continue;
         };
-        let section = doc
-            .entry(ns.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-            .as_table_mut()
-            .with_context(|| format!("`{ns}` is not a section"))?;
-        match section.get(nk) {
+        match lookup(doc, new) {
             Some(v) if *v != value => {
                 bail!("{old} = {value} and {new} = {v} are both set: keep only {new}")
             }
-            _ => {
-                section.insert(nk.to_string(), value);
-            }
+            _ => insert(doc, new, value)?,
         }
-        warnings.push(format!(
-            "{old} is deprecated and will be removed in the next release: use {new}"
-        ));
+        warnings.push(deprecation(old, new));
     }
     Ok(warnings)
 }
@@ -723,22 +995,11 @@ pub fn apply_override(doc: &mut toml::Table, spec: &str) -> Result<()> {
     let (key, raw) = spec
         .split_once('=')
         .with_context(|| format!("--set {spec:?}: expected section.key=value"))?;
-    let parts: Vec<&str> = key.trim().split('.').collect();
-    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
+    let key = key.trim();
+    if key.split('.').count() < 2 || key.split('.').any(str::is_empty) {
         bail!("--set {spec:?}: expected section.key=value");
     }
-    let value = parse_value(raw.trim());
-    let mut table = doc;
-    for p in &parts[..parts.len() - 1] {
-        let entry = table
-            .entry(p.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = entry
-            .as_table_mut()
-            .with_context(|| format!("--set {spec:?}: `{p}` is not a section"))?;
-    }
-    table.insert(parts[parts.len() - 1].to_string(), value);
-    Ok(())
+    insert(doc, key, parse_value(raw.trim())).with_context(|| format!("--set {spec:?}"))
 }
 
 fn parse_value(raw: &str) -> toml::Value {
@@ -759,89 +1020,140 @@ path = "m"
 path = "d"
 "#;
 
+    fn replay(text: &str, sets: &[&str]) -> Result<Config> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Config::parse(text, &sets, SourceKind::Logged)
+    }
+
+    fn online(text: &str, sets: &[&str]) -> Result<Config> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Config::parse(text, &sets, SourceKind::Online)
+    }
+
     #[test]
     fn defaults_fill_in() {
-        let c = ReplayConfig::parse(BASE, &[]).unwrap();
+        let c = replay(BASE, &[]).unwrap();
         assert_eq!(c.optim.lr, 1e-6);
         assert_eq!(c.schedule.mode, ScheduleMode::Exact);
         assert_eq!(c.rollout.temperature, 1.0);
-        assert_eq!(c.data.eos_token_id, 151_643);
+        assert_eq!(
+            c.data.eos_token_id, None,
+            "the model's own end-of-response ids"
+        );
+        assert_eq!(c.trainer.total_training_steps, None, "the whole schedule");
+        let o = online("", &[]).unwrap();
+        assert_eq!(o.data.task, Some(Task::Toy));
+        assert_eq!(o.trainer.total_training_steps, Some(DEFAULT_ONLINE_STEPS));
     }
 
     #[test]
     fn unknown_key_is_an_error_naming_it() {
-        let e = ReplayConfig::parse(&format!("{BASE}\n[optim]\nlrr = 1.0\n"), &[]).unwrap_err();
+        let e = replay(&format!("{BASE}\n[optim]\nlrr = 1.0\n"), &[]).unwrap_err();
         assert!(format!("{e:#}").contains("lrr"), "{e:#}");
-        let e = ReplayConfig::parse(&format!("{BASE}\n[nosuch]\nx = 1\n"), &[]).unwrap_err();
+        let e = replay(&format!("{BASE}\n[nosuch]\nx = 1\n"), &[]).unwrap_err();
         assert!(format!("{e:#}").contains("nosuch"), "{e:#}");
+        let e = online("[rollout]\nbogus = 1\n", &[]).unwrap_err();
+        assert!(format!("{e:#}").contains("bogus"), "{e:#}");
     }
 
     #[test]
     fn overrides_are_typed() {
-        let sets = [
-            "optim.lr=3e-4".to_string(),
-            "schedule.mode=shuffle".to_string(),
-            "optim.betas=[0.9, 0.95]".to_string(),
-            "algorithm.adv_estimator=maxrl".to_string(),
-            "batch.ppo_mini_batch_size=8".to_string(),
-        ];
-        let c = ReplayConfig::parse(BASE, &sets).unwrap();
+        let c = replay(
+            BASE,
+            &[
+                "optim.lr=3e-4",
+                "schedule.mode=shuffle",
+                "optim.betas=[0.9, 0.95]",
+                "algorithm.adv_estimator=maxrl",
+                "batch.ppo_mini_batch_size=8",
+                "data.eos_token_id=[1, 2]",
+            ],
+        )
+        .unwrap();
         assert_eq!(c.optim.lr, 3e-4);
         assert_eq!(c.optim.betas, [0.9, 0.95]);
         assert_eq!(c.schedule.mode, ScheduleMode::Shuffle);
         assert_eq!(c.batch.ppo_mini_batch_size, Some(8));
-        assert_eq!(
-            c.algorithm
-                .params
-                .get("adv_estimator")
-                .and_then(|v| v.as_str()),
-            Some("maxrl")
-        );
-        let e = ReplayConfig::parse(BASE, &["optim.lr=fast".to_string()]).unwrap_err();
+        assert_eq!(c.algorithm.adv_estimator.name(), "maxrl");
+        assert_eq!(c.data.eos_token_id, Some(TokenIds::Many(vec![1, 2])));
+        let e = replay(BASE, &["optim.lr=fast"]).unwrap_err();
         assert!(format!("{e:#}").contains("lr"), "{e:#}");
-        let e = ReplayConfig::parse(BASE, &["lr=1".to_string()]).unwrap_err();
+        let e = replay(BASE, &["lr=1"]).unwrap_err();
         assert!(format!("{e:#}").contains("section.key"), "{e:#}");
+        let e = replay(BASE, &["algorithm.adv_estimator=nope"]).unwrap_err();
+        assert!(format!("{e:#}").contains("adv_estimator"), "{e:#}");
     }
 
     #[test]
     fn resolved_config_round_trips() {
-        let c = ReplayConfig::parse(
+        let c = replay(
             BASE,
             &[
-                "schedule.mode=mix".into(),
-                "schedule.mix=[{steps=\"1..2\", weight=1.0}]".into(),
+                "schedule.mode=mix",
+                "schedule.mix=[{steps=\"1..2\", weight=1.0}]",
             ],
         )
         .unwrap();
-        let back = ReplayConfig::parse(&c.to_toml().unwrap(), &[]).unwrap();
-        assert_eq!(c, back);
+        let text = c.to_toml().unwrap();
+        assert_eq!(replay(&text, &[]).unwrap(), c);
+        assert!(!text.contains("train_batch_size"), "{text}");
+        let o = online("", &["rollout.n=4", "trainer.dir=/tmp/x"]).unwrap();
+        let text = o.to_toml().unwrap();
+        assert_eq!(online(&text, &[]).unwrap(), o);
+        assert!(!text.contains("[schedule]"), "{text}");
     }
 
-    /// Guards the one schema: `temperature` lives under `[rollout]` in both fronts, and the one
-    /// success threshold is `[algorithm] success_reward_threshold`; the old places keep working
-    /// with a warning naming the new key.
+    /// Guards the one schema: a key of one kind of source is refused by the other front, naming
+    /// the front that reads it.
+    #[test]
+    fn keys_of_the_other_source_are_refused() {
+        let e = replay(BASE, &["rollout.n=4"]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("`rollout.n` belongs to `rlreplay train`"),
+            "{e:#}"
+        );
+        let e = online("[schedule]\nmode = \"lag\"\n", &[]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("`schedule` belongs to `rlreplay replay`"),
+            "{e:#}"
+        );
+        let e = online("", &["data.path=/d"]).unwrap_err();
+        assert!(format!("{e:#}").contains("data.path"), "{e:#}");
+    }
+
+    /// Guards the one schema: keys that moved (`temperature` to `[rollout]`, the one success
+    /// threshold to `[algorithm]`, replay's `[checkpoint]` and `[run]` and online's toy-model
+    /// keys) keep working with a warning naming the new key.
     #[test]
     fn moved_keys_warn_and_keep_working() {
         let text = format!(
             "{BASE}\n[algorithm]\ntemperature = 0.7\n\
-             [self_distillation]\nsuccess_reward_threshold = 0.8\n"
+             [self_distillation]\nsuccess_reward_threshold = 0.8\n\
+             [checkpoint]\nsave_freq = 3\nkeep = 4\n[run]\nseed = 5\nthreads = 1\n"
         );
-        let (c, warnings) = ReplayConfig::parse_reporting(&text, &[]).unwrap();
+        let (c, warnings) = Config::parse_reporting(&text, &[], SourceKind::Logged).unwrap();
         assert_eq!(c.rollout.temperature, 0.7);
-        let algo = c.algorithm.algo_config().unwrap();
-        assert_eq!(algo.success_reward_threshold, 0.8);
+        assert_eq!(c.algorithm.success_reward_threshold, 0.8);
         assert_eq!(c.self_distillation.context.success_reward_threshold, 0.8);
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert_eq!(
+            (c.trainer.save_freq, c.trainer.keep, c.trainer.seed),
+            (3, 4, 5)
+        );
+        assert_eq!(c.trainer.threads, 1);
+        assert_eq!(warnings.len(), 6, "{warnings:?}");
         assert!(
-            warnings[0].contains("use rollout.temperature"),
+            warnings[0].contains("algorithm.temperature")
+                && warnings[0].contains("use rollout.temperature"),
             "{warnings:?}"
         );
         assert!(warnings[1].contains("use algorithm.success_reward_threshold"));
+        assert!(warnings[2].contains("use trainer.save_freq"));
         // The resolved form names only the new keys and reads back without warnings.
-        let (back, w) = ReplayConfig::parse_reporting(&c.to_toml().unwrap(), &[]).unwrap();
+        let (back, w) =
+            Config::parse_reporting(&c.to_toml().unwrap(), &[], SourceKind::Logged).unwrap();
         assert_eq!(back, c);
         assert!(w.is_empty(), "{w:?}");
-        let e = ReplayConfig::parse(
+        let e = replay(
             &format!("{BASE}\n[algorithm]\ntemperature = 0.7\n[rollout]\ntemperature = 0.9\n"),
             &[],
         )
@@ -850,29 +1162,98 @@ path = "d"
             format!("{e:#}").contains("keep only rollout.temperature"),
             "{e:#}"
         );
+        // An override of a moved key sets the new key over the file's value.
+        let (c, w) = Config::parse_reporting(
+            &format!("{BASE}\n[trainer]\nsave_freq = 3\n"),
+            &["checkpoint.save_freq=5".into(), "run.seed=2".into()],
+            SourceKind::Logged,
+        )
+        .unwrap();
+        assert_eq!((c.trainer.save_freq, c.trainer.seed), (5, 2));
+        assert!(w[0].contains("use trainer.save_freq"), "{w:?}");
+        let (o, w) = Config::parse_reporting(
+            "[model]\ninit_seed = 7\nwarmup_steps = 3\n[model.toy]\nhidden_size = 16\n",
+            &[],
+            SourceKind::Online,
+        )
+        .unwrap();
+        let random = o.model.random.unwrap();
+        assert_eq!((random.hidden_size, random.seed), (16, 7));
+        assert_eq!(o.toy.warmup_steps, 3);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("use model.random"), "{w:?}");
     }
 
     /// Guards that a template typo is refused at load, not found later as self-distillation
     /// silently off for every row.
     #[test]
     fn template_typos_are_refused_at_load() {
-        let e = ReplayConfig::parse(
-            &format!(
-                "{BASE}\n[self_distillation]\nreprompt_template = \"{{promt}}{{solution}}\"\n"
-            ),
-            &[],
-        )
-        .unwrap_err();
-        let e = format!("{e:#}");
-        assert!(
-            e.contains("reprompt_template") && e.contains("{promt}"),
-            "{e}"
-        );
+        type Parse = fn(&str, &[&str]) -> Result<Config>;
+        let fronts: [(Parse, &str); 2] = [(replay, BASE), (online, "")];
+        for (parse, base) in fronts {
+            let e = parse(
+                &format!(
+                    "{base}\n[self_distillation]\nreprompt_template = \"{{promt}}{{solution}}\"\n"
+                ),
+                &[],
+            )
+            .unwrap_err();
+            let e = format!("{e:#}");
+            assert!(
+                e.contains("reprompt_template") && e.contains("{promt}"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
-    fn bad_step_ranges_are_refused() {
-        let e = ReplayConfig::parse(BASE, &["data.steps=\"5..4\"".into()]).unwrap_err();
+    fn bad_values_are_refused() {
+        let e = replay(BASE, &["data.steps=\"5..4\""]).unwrap_err();
         assert!(format!("{e:#}").contains("[data] steps"), "{e:#}");
+        let e = online("", &["rollout.n=0"]).unwrap_err();
+        assert!(e.to_string().contains("[rollout]"), "{e}");
+        let e = replay(BASE, &["algorithm.use_kl_loss=true"]).unwrap_err();
+        assert!(e.to_string().contains("no reference policy"), "{e}");
+        let e = online("", &["algorithm.use_kl_loss=true"]).unwrap_err();
+        assert!(e.to_string().contains("no reference policy"), "{e}");
+        let e = online("", &["data.task=\"files\""]).unwrap_err();
+        assert!(e.to_string().contains("train_files"), "{e}");
+        let e = online("", &["model.random.vocab_size=7"]).unwrap_err();
+        assert!(e.to_string().contains("toy tokenizer"), "{e}");
+        let gpu = online("", &["model.device=\"gpu\""]).unwrap();
+        assert!(gpu
+            .model
+            .device()
+            .unwrap_err()
+            .to_string()
+            .contains("cuda:N"));
+    }
+
+    #[test]
+    fn presets_parse() {
+        let bio = online(include_str!("../../../configs/rlsd-tr-biology.toml"), &[]).unwrap();
+        assert!(bio.uses_teacher());
+        assert_eq!(bio.batch.train_batch_size, 32);
+        assert_eq!(bio.batch.ppo_mini_batch_size, Some(8));
+        assert_eq!(bio.rollout.n, 8);
+        assert_eq!(bio.validation.val_n, 16);
+        assert!(!bio.algorithm.norm_adv_by_std_in_grpo);
+        assert_eq!(bio.self_distillation.teacher_update_rate, 0.1);
+        assert_eq!(bio.algorithm.clip_high(), 0.28);
+        let (toy, w) = Config::parse_reporting(
+            include_str!("../../../configs/toy-arith.toml"),
+            &[],
+            SourceKind::Online,
+        )
+        .unwrap();
+        assert_eq!(toy.data.task(), Task::Toy);
+        assert!(w.is_empty(), "{w:?}");
+        for preset in [
+            include_str!("../../../configs/maxrl-polaris.toml"),
+            include_str!("../../../configs/demo.toml"),
+        ] {
+            let (_, w) = Config::parse_reporting(preset, &[], SourceKind::Logged).unwrap();
+            assert!(w.is_empty(), "{w:?}");
+        }
     }
 }

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::SelfDistillationSection;
 use crate::rundir::Metrics;
+use crate::source::StepText;
 
 /// Where the teacher's privileged information comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -574,13 +575,12 @@ pub fn parse_chat_prompt(text: &str) -> Option<Vec<Message>> {
     (header && !messages.is_empty()).then_some(messages)
 }
 
-/// Teacher prompts of a batch of rollouts (and the step's context metrics): `messages[i]` is
-/// row `i`'s prompt conversation, `texts[i]` its decoded response, `truncated[i]` whether it hit
-/// the length limit. The feedback on each row's own attempt is the math feedback.
+/// Teacher prompts of a batch of rollouts (and the step's context metrics): `text` holds each
+/// row's prompt conversation and decoded response, `truncated[i]` whether row `i` hit the length
+/// limit. The feedback on each row's own attempt is the math feedback.
 pub fn rollout_teacher_prompts(
     batch: &RolloutBatch,
-    messages: &[&[Message]],
-    texts: &[String],
+    text: &StepText,
     truncated: &[bool],
     correctness_feedback: bool,
     cfg: &ContextConfig,
@@ -590,7 +590,7 @@ pub fn rollout_teacher_prompts(
         .map(|i| {
             math_feedback(
                 f64::from(batch.scores[i]) >= cfg.success_reward_threshold,
-                texts[i].contains("\\boxed{"),
+                text.responses[i].contains("\\boxed{"),
                 truncated[i],
                 batch.ground_truth[i].as_deref().unwrap_or(""),
                 correctness_feedback,
@@ -600,8 +600,8 @@ pub fn rollout_teacher_prompts(
     let rows: Vec<ContextRow<'_>> = (0..batch.len())
         .map(|i| ContextRow {
             uid: &batch.uids[i],
-            messages: messages[i],
-            response_text: &texts[i],
+            messages: &text.messages[i],
+            response_text: &text.responses[i],
             score: f64::from(batch.scores[i]),
             feedback: Some(feedback[i].as_str()),
             ground_truth: batch.ground_truth[i].as_deref(),
@@ -611,49 +611,33 @@ pub fn rollout_teacher_prompts(
     teacher_prompts(&contexts, cfg, enc)
 }
 
-/// Teacher prompts for a logged batch: prompts and responses are decoded with `chat`'s tokenizer
-/// (a ChatML prompt gives back its messages, any other prompt becomes one user message); a
-/// response without `eos` at its end counts as truncated. `source` names the shard in errors.
-pub fn logged_teacher_prompts(
-    batch: &RolloutBatch,
-    sd: &SelfDistillationSection,
-    chat: &ChatTokenizer,
-    eos: u32,
-    source: &str,
-) -> Result<(Vec<Vec<u32>>, Metrics)> {
-    check_columns(batch, sd, source)?;
+/// The conversation and response text of every row of a logged batch: the prompt decoded with
+/// special tokens and parsed back into messages when it is in the ChatML layout (one user
+/// message of the text without special tokens otherwise), the response without special tokens.
+pub fn decode_rows(batch: &RolloutBatch, chat: &ChatTokenizer, origin: &str) -> Result<StepText> {
     let n = batch.len();
-    let mut messages = Vec::with_capacity(n);
-    let mut texts = Vec::with_capacity(n);
+    let mut text = StepText {
+        messages: Vec::with_capacity(n),
+        responses: Vec::with_capacity(n),
+    };
     for i in 0..n {
-        let at = |what: &str| format!("{source}: row {i}: decoding the {what}");
+        let at = |what: &str| format!("{origin}: row {i}: decoding the {what}");
         let prompt = chat
             .decode(batch.prompt(i), false)
             .with_context(|| at("prompt"))?;
-        messages.push(match parse_chat_prompt(&prompt) {
+        text.messages.push(match parse_chat_prompt(&prompt) {
             Some(m) => m,
             None => vec![Message::user(
                 chat.decode(batch.prompt(i), true)
                     .with_context(|| at("prompt"))?,
             )],
         });
-        texts.push(
+        text.responses.push(
             chat.decode(batch.response(i), true)
                 .with_context(|| at("response"))?,
         );
     }
-    let refs: Vec<&[Message]> = messages.iter().map(Vec::as_slice).collect();
-    let truncated: Vec<bool> = (0..n).map(|i| batch.truncated(i, eos)).collect();
-    rollout_teacher_prompts(
-        batch,
-        &refs,
-        &texts,
-        &truncated,
-        sd.correctness_feedback,
-        &sd.context,
-        chat,
-    )
-    .with_context(|| source.to_string())
+    Ok(text)
 }
 
 /// Refuses a batch that lacks what the context mode needs: the `ground_truth` column in

@@ -1,20 +1,33 @@
-//! The replay trainer: train a Qwen3 policy on a logged rollout dataset; and the pieces the online
-//! trainer shares with it.
+//! Training a policy: one [`Trainer`] fed by a [`RolloutSource`] — a logged rollout dataset
+//! replayed along a schedule (`rlreplay replay`) or rollouts generated from the policy being
+//! trained (`rlreplay train`) — over one configuration schema and one run-directory layout.
 //!
-//! - [`update`]: one policy update on a batch of rollouts (both trainers' update step).
+//! - [`trainer`]: the trainer (policy, optimizer, teacher, run directory, checkpoints, resume,
+//!   validation, best policy, metrics, published results).
+//! - [`source`]: the rollout-source trait and its logged and online sources.
+//! - [`config`]: the one configuration of both fronts.
+//! - [`update`]: one policy update on a batch of rollouts.
 //! - [`context`]: RLSD teacher contexts (`sibling`, `reference`, `sibling+feedback`), templates,
 //!   truncation of over-long teacher prompts, the self-distillation mask.
 //! - [`teacher`]: the trust-region and EMA teachers and their log-probs.
+//! - [`schedule`]: plans and row selection over a logged dataset's steps.
+//! - [`prompts`], [`validate`]: prompt sets and validation mean@k.
+//! - [`rundir`]: the run directory; [`toy`]: the toy arithmetic task for CPU demos and tests.
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod context;
 pub mod plot;
+pub mod prompts;
 pub mod rundir;
 pub mod schedule;
+pub mod source;
 pub mod teacher;
+pub mod toy;
 pub mod trainer;
 pub mod update;
+pub mod validate;
 
-pub use config::ReplayConfig;
-pub use trainer::{run, RunOptions, RunSummary, TrainerState};
+pub use config::Config;
+pub use source::{RolloutSource, RolloutStep, SourceKind};
+pub use trainer::{run, RunOptions, RunSummary, Trainer, TrainerState};

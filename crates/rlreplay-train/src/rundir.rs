@@ -1,13 +1,21 @@
-//! The run directory: resolved config, per-step metrics (JSON lines and CSV), plots, and
-//! atomically written, rotated checkpoints.
+//! The run directory, the same for every rollout source: resolved config, log, per-step metrics
+//! (JSON lines and CSV), plots, atomically written and rotated checkpoints, the last and the best
+//! policy, and the published results.
 //!
 //! ```text
-//! RUN_DIR/config.toml
-//! RUN_DIR/metrics.jsonl
-//! RUN_DIR/training_scores.csv
+//! RUN_DIR/config.toml                         resolved configuration
+//! RUN_DIR/run.log                             one line per step, validation and checkpoint
+//! RUN_DIR/metrics.jsonl                       one object per trainer step
+//! RUN_DIR/training_scores.csv                 step, score, loss, grad norm, lr, ...
 //! RUN_DIR/plots/training_score.{png,svg}
-//! RUN_DIR/checkpoints/global_step_N/
+//! RUN_DIR/results/training_scores.csv         the published copy, with the plots
+//! RUN_DIR/results/hyperparameters.csv         Section, Parameter, Value, Source
+//! RUN_DIR/results/validation_mean{k}.csv      step, val_mean{k}, percent (when validating)
+//! RUN_DIR/config.json, model.safetensors ...  the best policy by validation mean@k
+//! RUN_DIR/best_step.txt                       its step and mean@k
+//! RUN_DIR/checkpoints/global_step_N/          HF layout + optimizer + trainer state
 //! RUN_DIR/checkpoints/latest_checkpointed_iteration.txt
+//! RUN_DIR/checkpoints/last/                   the newest checkpoint's policy (hard links)
 //! ```
 //! A checkpoint is assembled in a temporary directory and renamed into place, then the
 //! `latest_checkpointed_iteration.txt` pointer is replaced atomically; older checkpoints are only
@@ -281,6 +289,211 @@ impl RunDir {
             }
         }
         Ok(dest)
+    }
+}
+
+/// Files of a Hugging Face model directory copied to the run root for the best policy.
+const HF_FILES: [&str; 5] = [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+];
+
+/// The best policy saved at a validation, promoted to the run root once a checkpoint at or after
+/// its step exists.
+const BEST_CANDIDATE: &str = ".best-candidate";
+
+/// Where configuration values came from.
+#[derive(Debug, Clone, Default)]
+pub struct Provenance {
+    /// The configuration file's path and text.
+    pub file: Option<(PathBuf, String)>,
+    /// `section.key=value` overrides.
+    pub overrides: Vec<String>,
+}
+
+impl RunDir {
+    /// Appends a line to `run.log`.
+    pub fn log(&self, line: &str) -> Result<()> {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("run.log"))?;
+        writeln!(f, "{line}")?;
+        Ok(())
+    }
+
+    /// The directory the best policy of a validation is saved into before its promotion.
+    pub fn best_candidate(&self) -> PathBuf {
+        self.root.join(BEST_CANDIDATE)
+    }
+
+    /// Removes a best-policy candidate left by an interrupted run (it is newer than the
+    /// checkpoint the run continues from).
+    pub fn drop_stale_candidate(&self) -> Result<()> {
+        let cand = self.best_candidate();
+        if cand.exists() {
+            fs::remove_dir_all(&cand)?;
+        }
+        Ok(())
+    }
+
+    /// After checkpoint `ckpt`: `checkpoints/last` becomes hard links to its policy files, and a
+    /// best-policy candidate (validated at or before this step) moves to the run root with
+    /// `best_step.txt` (`best` = its step and mean@k).
+    pub fn publish_policy(&self, ckpt: &Path, best: Option<(u64, f64)>) -> Result<()> {
+        let ckpts = self.checkpoints();
+        let tmp = ckpts.join(format!(".last-{}", std::process::id()));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp)?;
+        }
+        fs::create_dir_all(&tmp)?;
+        for entry in fs::read_dir(ckpt)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                let name = entry.file_name();
+                if name == TRAINER_STATE || name.to_string_lossy().starts_with("optimizer") {
+                    continue;
+                }
+                let to = tmp.join(&name);
+                if fs::hard_link(entry.path(), &to).is_err() {
+                    fs::copy(entry.path(), &to)?;
+                }
+            }
+        }
+        sync_dir(&tmp)?;
+        let last = ckpts.join("last");
+        if last.exists() {
+            let old = ckpts.join(format!(".last-old-{}", std::process::id()));
+            fs::rename(&last, &old)?;
+            fs::rename(&tmp, &last)?;
+            fs::remove_dir_all(&old)?;
+        } else {
+            fs::rename(&tmp, &last)?;
+        }
+        sync_dir(&ckpts)?;
+        let cand = self.best_candidate();
+        if cand.join("step.txt").is_file() {
+            for f in HF_FILES {
+                let src = cand.join(f);
+                if src.is_file() {
+                    let dst = self.root.join(f);
+                    fs::copy(&src, dst.with_extension("tmp-best"))?;
+                    fs::rename(dst.with_extension("tmp-best"), &dst)?;
+                }
+            }
+            if let Some((s, m)) = best {
+                write_atomic(
+                    &self.root.join("best_step.txt"),
+                    format!("{s} {m:.12}\n").as_bytes(),
+                )?;
+            }
+            fs::remove_dir_all(&cand)?;
+        }
+        Ok(())
+    }
+
+    /// Redraws the plots and writes `results/`: `training_scores.csv` and the plots, and, when
+    /// the run validates (`validations` with `k` samples per prompt), `validation_mean{k}.csv`.
+    pub fn publish_results(&self, validations: Option<(usize, &[(u64, f64)])>) -> Result<()> {
+        self.plot()?;
+        let results = self.root.join("results");
+        fs::create_dir_all(&results)?;
+        if let Some((k, vals)) = validations {
+            let mut csv = format!("step,val_mean{k},percent\n");
+            for (s, m) in vals {
+                csv.push_str(&format!("{s},{m:.12},{:.2}%\n", m * 100.0));
+            }
+            write_atomic(
+                &results.join(format!("validation_mean{k}.csv")),
+                csv.as_bytes(),
+            )?;
+        }
+        for (from, to) in [
+            ("training_scores.csv", "training_scores.csv"),
+            ("plots/training_score.png", "training_score.png"),
+            ("plots/training_score.svg", "training_score.svg"),
+        ] {
+            write_atomic(&results.join(to), &fs::read(self.root.join(from))?)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `results/hyperparameters.csv` (`Section,Parameter,Value,Source`) from the resolved
+    /// configuration `resolved` (TOML text); `Source` is `override`, `config` (set in the file)
+    /// or `default`.
+    pub fn write_hyperparameters(&self, resolved: &str, prov: &Provenance) -> Result<()> {
+        let resolved: toml::Table = toml::from_str(resolved)?;
+        let file: toml::Table = match &prov.file {
+            Some((_, text)) => toml::from_str(text).unwrap_or_default(),
+            None => toml::Table::new(),
+        };
+        let overridden: Vec<&str> = prov
+            .overrides
+            .iter()
+            .filter_map(|o| o.split_once('=').map(|(k, _)| k.trim()))
+            .collect();
+        let mut rows = vec!["Section,Parameter,Value,Source".to_string()];
+        let quote = |s: &str| {
+            if s.contains([',', '"', '\n']) {
+                format!("\"{}\"", s.replace('"', "\"\""))
+            } else {
+                s.to_string()
+            }
+        };
+        fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
+            for (k, v) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match v {
+                    toml::Value::Table(inner) => flatten(&key, inner, out),
+                    toml::Value::String(s) => out.push((key, s.clone())),
+                    other => out.push((key, other.to_string())),
+                }
+            }
+        }
+        for (section, v) in &resolved {
+            let mut kv = Vec::new();
+            match v {
+                toml::Value::Table(t) => flatten("", t, &mut kv),
+                other => kv.push((String::new(), other.to_string())),
+            }
+            for (key, value) in kv {
+                let full = format!("{section}.{key}");
+                let in_file = {
+                    let mut cur = file.get(section.as_str());
+                    for part in key.split('.') {
+                        cur = cur.and_then(|c| c.as_table()).and_then(|t| t.get(part));
+                    }
+                    cur.is_some()
+                };
+                let source = if overridden.contains(&full.as_str()) {
+                    "override"
+                } else if in_file {
+                    "config"
+                } else {
+                    "default"
+                };
+                rows.push(format!(
+                    "{},{},{},{source}",
+                    quote(section),
+                    quote(&key),
+                    quote(&value)
+                ));
+            }
+        }
+        rows.push(String::new());
+        let results = self.root.join("results");
+        fs::create_dir_all(&results)?;
+        write_atomic(
+            &results.join("hyperparameters.csv"),
+            rows.join("\n").as_bytes(),
+        )
     }
 }
 

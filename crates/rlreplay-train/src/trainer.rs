@@ -1,41 +1,53 @@
-//! The replay loop: one trainer step per planned step, checkpoints, resume.
+//! The trainer: one loop for every rollout source.
 //!
-//! One trainer step: read the source shard -> select rows per the schedule -> (`rlsd` / `rlrt`)
-//! decode the rows and build the teacher prompts -> the update of [`crate::update`] -> metrics.
-//! Every random choice derives from the seeds and the trainer step, so a run continued from a
-//! checkpoint is bit-identical to an uninterrupted one.
+//! One trainer step: the source's rollouts ([`RolloutSource::next_step`]) -> (`batch.shuffle`)
+//! the groups in a seeded order -> (`rlsd` / `rlrt`) the teacher contexts -> the update of
+//! [`crate::update`] -> metrics -> the source is told the new policy version
+//! ([`RolloutSource::on_policy_updated`]) -> validation, checkpoint, published results on their
+//! schedules. The trainer owns the policy, the optimizer and its learning-rate schedule, the
+//! teacher, the run directory, checkpoints and resume, validation and the best policy. Every
+//! random choice derives from the seeds and the trainer step, so a run continued from a checkpoint
+//! is bit-identical to an uninterrupted one.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
-use rlreplay_algo::AlgoConfig;
-use rlreplay_data::{resolve_hub_path, Dataset, ReadOptions, RolloutBatch};
-use rlreplay_model::{parse_device, AdamW, LrSchedule, Model};
+use rlreplay_data::resolve_hub_path;
+use rlreplay_model::{AdamW, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{parse_steps, uses_teacher, ReplayConfig};
-use crate::context::{check_columns, logged_teacher_prompts};
+use crate::config::{Config, Task};
+use crate::context::rollout_teacher_prompts;
+use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
-    check_resumed_config, latest_checkpoint, refuse_existing_run, Metrics, RunDir, TRAINER_STATE,
+    check_resumed_config, latest_checkpoint, refuse_existing_run, write_atomic, Metrics,
+    Provenance, RunDir, TRAINER_STATE,
 };
-use crate::schedule::{plan, select_rows, step_rng, PlannedStep};
+use crate::schedule::step_rng;
+use crate::source::{RolloutSource, RolloutStep, SourceContext, SourceKind};
 use crate::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
+use crate::toy;
 use crate::update::{perf_metrics, stats, update, TeacherInputs, UpdateSettings};
+use crate::validate::Validator;
 
 /// Version of the trainer-state format.
-const STATE_FORMAT: u32 = 1;
+const STATE_FORMAT: u32 = 2;
 /// File of the optimizer state inside a checkpoint.
 pub const OPTIMIZER_STATE: &str = "optimizer.safetensors";
 
 /// How to run the trainer.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// The resolved configuration.
-    pub config: ReplayConfig,
+    /// The resolved configuration (its [`Config::source`] picks the rollout source).
+    pub config: Config,
+    /// The configuration file as the user wrote it and the overrides, for the hyper-parameter
+    /// table's `Source` column.
+    pub provenance: Provenance,
     /// The run directory.
     pub out: PathBuf,
     /// Continue from the run directory's latest complete checkpoint.
@@ -48,9 +60,10 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// A fresh run of `config` into `out`: no resume, no early stop, no progress bar.
-    pub fn new(config: ReplayConfig, out: &Path) -> Self {
+    pub fn new(config: Config, out: &Path) -> Self {
         Self {
             config,
+            provenance: Provenance::default(),
             out: out.to_path_buf(),
             resume: false,
             stop_after: None,
@@ -66,7 +79,7 @@ pub struct RunSummary {
     pub run_dir: PathBuf,
     /// Trainer steps done in total (including those before a resume).
     pub global_step: u64,
-    /// Trainer steps of the whole plan.
+    /// Trainer steps of the whole run.
     pub planned_steps: u64,
     /// Optimizer updates skipped because the loss or the gradient was not finite.
     pub skipped_updates: u64,
@@ -74,32 +87,39 @@ pub struct RunSummary {
     pub last_checkpoint: Option<PathBuf>,
     /// The metrics of the last step run.
     pub last_metrics: Metrics,
+    /// `(step, mean@k)` of every validation.
+    pub validations: Vec<(u64, f64)>,
+    /// The best validation `(step, mean@k)`.
+    pub best: Option<(u64, f64)>,
 }
 
-/// The trainer state stored in every checkpoint (besides the weights and the optimizer).
+/// The trainer state stored in every checkpoint (besides the weights, the optimizer and the EMA
+/// teacher).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
     /// Format version.
     pub format: u32,
-    /// Trainer steps completed: the position in the plan.
+    /// Trainer steps completed.
     pub global_step: u64,
-    /// Source step of every planned trainer step (checked on resume).
-    pub plan: Vec<i64>,
     /// Optimizer updates applied.
     pub optimizer_steps: u64,
     /// Optimizer updates skipped (non-finite loss or gradient).
     pub skipped_updates: u64,
     /// Prompt and response tokens trained on so far.
     pub tokens_trained: u64,
-    /// Seeds every random choice derives from, with the trainer step (there is no other RNG state).
-    pub schedule_seed: u64,
-    /// Seed of the model initialisation and mini-batch shuffling.
-    pub run_seed: u64,
+    /// `(step, mean@k)` of every validation so far.
+    pub validations: Vec<(u64, f64)>,
+    /// The best validation so far.
+    pub best: Option<(u64, f64)>,
+    /// The rollout source's position ([`RolloutSource::state`]).
+    pub source: serde_json::Value,
 }
 
-/// Runs (or resumes) a replay.
+/// Runs (or resumes) a training run on `opts.config.trainer.threads` worker threads.
 pub fn run(opts: &RunOptions) -> Result<RunSummary> {
-    with_threads(opts.config.run.threads, || run_inner(opts))
+    with_threads(opts.config.trainer.threads, || {
+        Trainer::new(opts)?.run(opts.stop_after, opts.progress)
+    })
 }
 
 /// Runs `f` on a pool of `threads` worker threads (0: the default pool over every core). The
@@ -116,80 +136,6 @@ pub fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Sen
         .install(f)
 }
 
-fn run_inner(opts: &RunOptions) -> Result<RunSummary> {
-    let mut t = Trainer::new(opts)?;
-    let bar = if opts.progress {
-        let bar = ProgressBar::new(t.plan.len() as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} step {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}",
-            )
-            .expect("valid progress template")
-            .progress_chars("=> "),
-        );
-        bar.set_position(t.state.global_step);
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
-    let mut last_metrics = Metrics::new();
-    let mut last_checkpoint = None;
-    let cfg = opts.config.clone();
-    let total = t.plan.len() as u64;
-    let stop = opts.stop_after.unwrap_or(total).min(total);
-    while t.state.global_step < stop {
-        let planned = t.plan[t.state.global_step as usize];
-        let metrics = t.step(&planned).with_context(|| {
-            format!(
-                "trainer step {} (dataset step {})",
-                planned.global_step, planned.source_step
-            )
-        })?;
-        t.run.log_step(planned.global_step, &metrics)?;
-        bar.set_position(planned.global_step);
-        bar.set_message(format!(
-            "score {:.3} loss {:.4} {:.0} tok/s",
-            metrics
-                .get("critic/score/mean")
-                .copied()
-                .unwrap_or(f64::NAN),
-            metrics.get("actor/pg_loss").copied().unwrap_or(f64::NAN),
-            metrics.get("perf/throughput").copied().unwrap_or(0.0)
-        ));
-        last_metrics = metrics;
-        let s = t.state.global_step;
-        let freq = cfg.checkpoint.save_freq;
-        if (freq > 0 && s % freq == 0) || s == stop {
-            last_checkpoint = Some(t.save_checkpoint()?);
-            t.run.plot()?;
-        }
-    }
-    bar.finish_and_clear();
-    Ok(RunSummary {
-        run_dir: opts.out.clone(),
-        global_step: t.state.global_step,
-        planned_steps: total,
-        skipped_updates: t.state.skipped_updates,
-        last_checkpoint,
-        last_metrics,
-    })
-}
-
-/// A replay in progress.
-struct Trainer {
-    cfg: ReplayConfig,
-    algo: AlgoConfig,
-    dataset: Dataset,
-    plan: Vec<PlannedStep>,
-    model: Model,
-    opt: AdamW,
-    lr: LrSchedule,
-    state: TrainerState,
-    run: RunDir,
-    /// Self-distillation (`rlsd` / `rlrt`): the teacher and the tokenizer that decodes the rows.
-    sd: Option<(Teacher, ChatTokenizer)>,
-}
-
 /// The files of a Hugging Face model directory that loading needs.
 fn model_file(name: &str) -> bool {
     name.ends_with(".safetensors")
@@ -197,290 +143,482 @@ fn model_file(name: &str) -> bool {
         || name == "tokenizer.model"
 }
 
-/// How the shards are read: strict, with the configured EOS and (when on) the vocabulary check.
-fn read_options(cfg: &ReplayConfig, model: &Model) -> ReadOptions {
-    ReadOptions {
-        lenient: false,
-        eos: cfg.data.eos_token_id,
-        vocab: cfg
-            .data
-            .vocab_check
-            .then_some(model.config().vocab_size as u32),
+/// The directory of the initial policy: `[model] path` (a Hugging Face hub path is downloaded),
+/// or the toy task's generated model in `RUN_DIR/initial`; `None` for a `[model.random]` policy
+/// of replay.
+fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
+    if let Some(path) = &cfg.model.path {
+        let dir = resolve_hub_path(&path.to_string_lossy(), &model_file)
+            .with_context(|| format!("[model] path = {}", path.display()))?;
+        return Ok(Some(dir));
     }
+    if cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy {
+        let dir = out.join("initial");
+        if !dir.join("model.safetensors").is_file() {
+            let random = cfg.model.random.clone().unwrap_or_else(toy::default_model);
+            toy::make_model(&random, &cfg.toy, cfg.model.dtype.candle(), &dir)
+                .context("creating the toy task's model")?;
+        }
+        return Ok(Some(dir));
+    }
+    Ok(None)
 }
 
-/// The shard of a planned step, for error messages.
-fn source(dataset: &Dataset, ps: &PlannedStep) -> String {
-    match dataset.shard(ps.source_step) {
-        Some(p) => p.display().to_string(),
-        None => format!("dataset step {}", ps.source_step),
+/// The token ids that end a response: `[data] eos_token_id`, else the model directory's.
+fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> Result<Vec<u32>> {
+    if let Some(ids) = &cfg.data.eos_token_id {
+        return Ok(ids.to_vec());
     }
+    let ids = match dir {
+        Some(dir) => rlreplay_sampling::stop_ids(dir, chat)?,
+        None => Vec::new(),
+    };
+    if ids.is_empty() {
+        bail!(
+            "[data] eos_token_id: the model names no end-of-sequence token \
+             (eos_token_id in config.json or generation_config.json, eos_token in \
+             tokenizer_config.json); set it"
+        );
+    }
+    Ok(ids)
+}
+
+/// A training run in progress.
+pub struct Trainer {
+    cfg: Config,
+    source: Box<dyn RolloutSource>,
+    policy: Model,
+    opt: AdamW,
+    lr: LrSchedule,
+    /// Trainer steps of the whole run.
+    total: u64,
+    /// Self-distillation (`rlsd` / `rlrt`): the teacher and the tokenizer of its prompts.
+    teacher: Option<(Teacher, Arc<ChatTokenizer>)>,
+    validator: Option<Validator>,
+    state: TrainerState,
+    run: RunDir,
 }
 
 impl Trainer {
-    fn new(opts: &RunOptions) -> Result<Self> {
+    /// Prepares a run: the run directory (refusing to overwrite an earlier run, or checking on
+    /// resume that the configuration is unchanged), the initial policy's directory, tokenizer and
+    /// end-of-response ids, the rollout source, the policy and optimizer (fresh or from the latest
+    /// checkpoint), the teacher and the validator.
+    pub fn new(opts: &RunOptions) -> Result<Self> {
         let cfg = opts.config.clone();
         cfg.validate()?;
-        let algo = cfg.algorithm.algo_config()?;
         let out = &opts.out;
-        let dataset = Dataset::open(&cfg.data.path)
-            .with_context(|| format!("[data] path = {:?}", cfg.data.path))?;
-        let available: Vec<i64> = dataset.steps().iter().map(|s| s.0).collect();
-        let selected: Vec<i64> = match &cfg.data.steps {
-            Some(r) => {
-                let r = parse_steps(r)?;
-                available
-                    .iter()
-                    .copied()
-                    .filter(|&s| r.contains(s))
-                    .collect()
-            }
-            None => available.clone(),
-        };
-        let plan = plan(&cfg.schedule, &selected, &available)?;
-        let lr = cfg.optim.lr_schedule(plan.len() as u64);
-        let resolved = cfg.to_toml()?;
-        let config_path = out.join("config.toml");
-
         let resume_from = if opts.resume {
-            let comparable = |c: &ReplayConfig| {
-                let mut c = c.clone();
-                c.checkpoint = Default::default();
-                c.run.dir = None;
-                c
-            };
-            let parse = |t: &str| ReplayConfig::parse(t, &[]);
-            check_resumed_config(out, &cfg, parse, comparable, "[checkpoint]")?;
+            let kind = cfg.source;
+            let parse = |t: &str| Config::parse(t, &[], kind);
+            check_resumed_config(
+                out,
+                &cfg,
+                parse,
+                Config::comparable,
+                crate::config::MAY_CHANGE_ON_RESUME,
+            )?;
             latest_checkpoint(out)?
         } else {
             refuse_existing_run(out)?;
             None
         };
-
-        let device = parse_device(&cfg.model.device).map_err(|e| anyhow!("[model] {e}"))?;
+        std::fs::create_dir_all(out)
+            .with_context(|| format!("cannot create run directory {}", out.display()))?;
+        let device = cfg.model.device()?;
         let dtype = cfg.model.dtype.candle();
-        let model_dir = match &cfg.model.path {
-            Some(path) => Some(
-                resolve_hub_path(&path.to_string_lossy(), &model_file)
-                    .with_context(|| format!("[model] path = {}", path.display()))?,
-            ),
-            None => None,
+        let model_dir = initial_model_dir(&cfg, out)?;
+        let uses_teacher = cfg.uses_teacher();
+        let validates = cfg.validation.test_freq > 0 || cfg.validation.val_before_train;
+        let wants_chat = cfg.source == SourceKind::Online
+            || uses_teacher
+            || (validates && has_validation_prompts(&cfg));
+        let chat = match &model_dir {
+            Some(dir) if wants_chat => {
+                for f in ["tokenizer.json", "tokenizer_config.json"] {
+                    ensure!(
+                        dir.join(f).is_file(),
+                        "the model directory has no {f} (prompts and responses are rendered and \
+                         decoded with it{}): {}",
+                        if uses_teacher {
+                            format!(
+                                "; [algorithm] loss_mode = {:?} builds the teacher contexts",
+                                cfg.algorithm.loss_mode.name()
+                            )
+                        } else {
+                            String::new()
+                        },
+                        dir.join(f).display()
+                    );
+                }
+                Some(Arc::new(ChatTokenizer::from_dir(dir)?))
+            }
+            _ => None,
         };
-        let (mut model, opt, state) = match &resume_from {
+
+        let (mut policy, opt, state) = match &resume_from {
             Some((step, dir)) => {
-                let mut model = Model::load(dir, dtype, &device)
+                let mut policy = Model::load(dir, dtype, &device)
                     .with_context(|| format!("loading checkpoint {}", dir.display()))?;
-                // Tokenizer files come from the run's model directory: checkpoint rotation
+                // Tokenizer files come from the initial model's directory: checkpoint rotation
                 // removes the checkpoint this model was loaded from.
-                model.set_source_dir(model_dir.clone());
-                let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &model)?;
-                let text = std::fs::read_to_string(dir.join(TRAINER_STATE))?;
-                let state: TrainerState = serde_json::from_str(&text)
-                    .with_context(|| format!("{}", dir.join(TRAINER_STATE).display()))?;
+                policy.set_source_dir(model_dir.clone());
+                let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &policy)?;
+                let path = dir.join(TRAINER_STATE);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let state: TrainerState =
+                    serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
                 ensure!(
                     state.format == STATE_FORMAT && state.global_step == *step,
-                    "{}: unexpected trainer state",
-                    dir.display()
+                    "{}: unexpected trainer state (format {}, step {})",
+                    path.display(),
+                    state.format,
+                    state.global_step
                 );
-                let planned: Vec<i64> = plan.iter().map(|p| p.source_step).collect();
-                ensure!(
-                    state.plan == planned,
-                    "{}: the schedule differs from the one the run started with",
-                    dir.display()
-                );
-                (model, opt, state)
+                (policy, opt, state)
             }
             None => {
-                let model = match (&model_dir, &cfg.model.random) {
+                let policy = match (&model_dir, &cfg.model.random) {
                     (Some(dir), _) => Model::load(dir, dtype, &device)
-                        .with_context(|| format!("[model] path = {}", dir.display()))?,
+                        .with_context(|| format!("loading the model {}", dir.display()))?,
                     (None, Some(r)) => Model::new_random(r.to_config(), r.seed, dtype, &device)
                         .context("[model] random")?,
                     (None, None) => bail!("[model]: give `path` or `random`"),
                 };
-                let opt = AdamW::new(&model, cfg.optim.adamw());
+                let opt = AdamW::new(&policy, cfg.optim.adamw());
                 let state = TrainerState {
                     format: STATE_FORMAT,
                     global_step: 0,
-                    plan: plan.iter().map(|p| p.source_step).collect(),
                     optimizer_steps: 0,
                     skipped_updates: 0,
                     tokens_trained: 0,
-                    schedule_seed: cfg.schedule.seed,
-                    run_seed: cfg.run.seed,
+                    validations: Vec::new(),
+                    best: None,
+                    source: serde_json::Value::Null,
                 };
-                (model, opt, state)
+                (policy, opt, state)
             }
         };
-        model.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
-        let sd = match &model_dir {
-            Some(dir) if uses_teacher(&algo) => {
-                for f in ["tokenizer.json", "tokenizer_config.json"] {
-                    ensure!(
-                        dir.join(f).is_file(),
-                        "[algorithm] loss_mode = {:?}: the model directory has no {f} \
-                         (the rows are decoded with it to build the teacher contexts): {}",
-                        algo.loss_mode.name(),
-                        dir.join(f).display()
-                    );
-                }
-                let chat = ChatTokenizer::from_dir(dir)?;
-                let sdc = &cfg.self_distillation;
+        policy.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
+        let stop = stop_ids(&cfg, model_dir.as_deref(), chat.as_deref())?;
+
+        let mut source = cfg.source.open(&SourceContext {
+            config: &cfg,
+            run_dir: out,
+            chat: chat.clone(),
+            stop_ids: &stop,
+            vocab_size: policy.config().vocab_size,
+            needs_text: uses_teacher,
+        })?;
+        let resumed_source = resume_from.as_ref().map(|_| state.source.clone());
+        source.start(state.global_step, resumed_source)?;
+        let total = match (cfg.trainer.total_training_steps, source.planned_steps()) {
+            (Some(t), Some(p)) => t.min(p),
+            (Some(t), None) => t,
+            (None, Some(p)) => p,
+            (None, None) => bail!("[trainer] total_training_steps: the source has no end; set it"),
+        };
+        // The schedule advances once per trainer step (after its mini-batches), as verl's actor
+        // does.
+        let lr = cfg.optim.lr_schedule(total);
+
+        let teacher = match (&chat, &model_dir) {
+            (Some(chat), Some(dir)) if uses_teacher => {
+                let sd = &cfg.self_distillation;
                 let teacher_dir = match &resume_from {
-                    Some((_, ckpt)) if sdc.teacher_regularization == TeacherRegularization::Ema => {
+                    Some((_, ckpt)) if sd.teacher_regularization == TeacherRegularization::Ema => {
                         ckpt.join(EMA_TEACHER)
                     }
                     _ => dir.clone(),
                 };
-                let mut teacher_model = Model::load(&teacher_dir, dtype, &device)
+                let mut model = Model::load(&teacher_dir, dtype, &device)
                     .with_context(|| format!("loading the teacher {}", teacher_dir.display()))?;
-                teacher_model.set_source_dir(Some(dir.clone()));
-                let teacher = Teacher::new(
-                    teacher_model,
-                    sdc.teacher_regularization,
-                    sdc.teacher_update_rate,
-                )?;
-                Some((teacher, chat))
+                model.set_source_dir(Some(dir.clone()));
+                let teacher =
+                    Teacher::new(model, sd.teacher_regularization, sd.teacher_update_rate)?;
+                Some((teacher, chat.clone()))
+            }
+            _ if uses_teacher => bail!(
+                "[algorithm] loss_mode = {:?} needs [model] path with the tokenizer files",
+                cfg.algorithm.loss_mode.name()
+            ),
+            _ => None,
+        };
+        let validator = match &chat {
+            Some(chat) if validates && has_validation_prompts(&cfg) => {
+                let prompts = validation_prompts(&cfg, chat)?;
+                Some(Validator::new(&cfg, chat.clone(), prompts, &stop)?)
             }
             _ => None,
         };
-        // Refuse at startup a dataset whose next step lacks a column the context mode needs.
-        if let (Some(_), Some(ps)) = (&sd, plan.get(state.global_step as usize)) {
-            let read = read_options(&cfg, &model);
-            let (batch, _) = dataset.read_step(ps.source_step, &read)?;
-            check_columns(&batch, &cfg.self_distillation, &source(&dataset, ps))?;
-        }
+
         let run = RunDir::open(out, state.global_step)?;
-        crate::rundir::write_atomic(&config_path, resolved.as_bytes())?;
-        Ok(Self {
+        run.drop_stale_candidate()?;
+        let resolved = cfg.to_toml()?;
+        write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
+        // The table records where each value came from at the start of the run; a resume keeps it.
+        if resume_from.is_none() || !out.join("results/hyperparameters.csv").is_file() {
+            run.write_hyperparameters(&resolved, &opts.provenance)?;
+        }
+        let t = Self {
             cfg,
-            algo,
-            dataset,
-            plan,
-            model,
+            source,
+            policy,
             opt,
             lr,
+            total,
+            teacher,
+            validator,
             state,
             run,
-            sd,
+        };
+        t.run.log(&format!(
+            "{} at step {} of {}{}",
+            if resume_from.is_some() {
+                "resumed"
+            } else {
+                "started"
+            },
+            t.state.global_step,
+            t.total,
+            t.validator
+                .as_ref()
+                .map(|v| format!(", {} validation prompts", v.len()))
+                .unwrap_or_default()
+        ))?;
+        Ok(t)
+    }
+
+    /// The trainer state.
+    pub fn state(&self) -> &TrainerState {
+        &self.state
+    }
+
+    /// The policy being trained.
+    pub fn policy(&self) -> &Model {
+        &self.policy
+    }
+
+    /// Runs until the last trainer step (or `stop_after`), with a checkpoint at the end.
+    pub fn run(&mut self, stop_after: Option<u64>, progress: bool) -> Result<RunSummary> {
+        let total = self.total;
+        let stop = stop_after.unwrap_or(total).min(total);
+        let bar = if progress {
+            let bar = ProgressBar::new(total);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} step {pos}/{len} [{bar:30}] {elapsed_precise} eta {eta} {msg}",
+                )
+                .expect("valid progress template")
+                .progress_chars("=> "),
+            );
+            bar.set_position(self.state.global_step);
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        if self.state.global_step == 0 && self.cfg.validation.val_before_train {
+            self.validate(0)?;
+        }
+        let mut last_metrics = Metrics::new();
+        let mut last_checkpoint = None;
+        while self.state.global_step < stop {
+            let step = self.state.global_step + 1;
+            let mut metrics = self
+                .step(step)
+                .with_context(|| format!("trainer step {step}"))?;
+            let freq = self.cfg.validation.test_freq;
+            if freq > 0 && (step.is_multiple_of(freq) || step == total) {
+                if let Some(v) = self.validate(step)? {
+                    metrics.extend(v);
+                }
+            }
+            self.run.log_step(step, &metrics)?;
+            let get = |k: &str| metrics.get(k).copied().unwrap_or(f64::NAN);
+            self.run.log(&format!(
+                "step {step}: score {:.4} loss {:.5} grad_norm {:.4}{}",
+                get("critic/score/mean"),
+                get("actor/pg_loss"),
+                get("actor/grad_norm"),
+                metrics
+                    .get("val-core/mean@k")
+                    .map(|m| format!(" val mean@{} {m:.4}", self.cfg.validation.val_n))
+                    .unwrap_or_default()
+            ))?;
+            bar.set_position(step);
+            bar.set_message(format!(
+                "score {:.3} loss {:.4} {:.0} tok/s",
+                get("critic/score/mean"),
+                get("actor/pg_loss"),
+                metrics.get("perf/throughput").copied().unwrap_or(0.0)
+            ));
+            let sf = self.cfg.trainer.save_freq;
+            if (sf > 0 && step.is_multiple_of(sf)) || step == stop {
+                last_checkpoint = Some(self.save_checkpoint()?);
+            }
+            last_metrics = metrics;
+        }
+        bar.finish_and_clear();
+        Ok(RunSummary {
+            run_dir: self.run.root().to_path_buf(),
+            global_step: self.state.global_step,
+            planned_steps: total,
+            skipped_updates: self.state.skipped_updates,
+            last_checkpoint,
+            last_metrics,
+            validations: self.state.validations.clone(),
+            best: self.state.best,
         })
     }
 
-    fn save_checkpoint(&self) -> Result<PathBuf> {
-        let state = serde_json::to_string_pretty(&self.state)?;
-        self.run
-            .save_checkpoint(self.state.global_step, self.cfg.checkpoint.keep, |dir| {
-                self.model.save_hf(dir)?;
-                self.opt.save(dir.join(OPTIMIZER_STATE))?;
-                if let Some((t, _)) = &self.sd {
-                    if t.regularization() == TeacherRegularization::Ema {
-                        t.model().save_hf(dir.join(EMA_TEACHER))?;
-                    }
-                }
-                std::fs::write(dir.join(TRAINER_STATE), state)?;
-                Ok(())
-            })
-    }
-
-    /// Reads and selects the rows of one planned step.
-    fn load_batch(&self, ps: &PlannedStep, metrics: &mut Metrics) -> Result<RolloutBatch> {
-        let (batch, _report) = self
-            .dataset
-            .read_step(ps.source_step, &read_options(&self.cfg, &self.model))?;
-        let groups = batch.groups();
-        let eos = self.cfg.data.eos_token_id;
-        let truncated: Vec<bool> = (0..batch.len()).map(|i| batch.truncated(i, eos)).collect();
-        let (mut rows, sel) = select_rows(
-            &self.cfg.schedule,
-            ps,
-            &groups,
-            &batch.scores,
-            &truncated,
-            self.algo.success_reward_threshold,
-        );
-        if self.cfg.batch.shuffle {
-            let mut spans: Vec<&[usize]> = Vec::new();
-            let mut start = 0;
-            for i in 1..=rows.len() {
-                if i == rows.len() || batch.uids[rows[i]] != batch.uids[rows[start]] {
-                    spans.push(&rows[start..i]);
-                    start = i;
-                }
-            }
-            spans.shuffle(&mut step_rng(self.cfg.run.seed, ps.global_step, 4));
-            rows = spans.concat();
+    /// Validates the policy at `step` (when the run has validation prompts): records mean@k, and
+    /// keeps the policy as the best candidate when it beats every earlier validation. Returns the
+    /// `val-core/*` metrics.
+    fn validate(&mut self, step: u64) -> Result<Option<Metrics>> {
+        let Some(validator) = &self.validator else {
+            return Ok(None);
+        };
+        if validator.is_empty() {
+            return Ok(None);
         }
-        for (k, v) in [
-            ("groups_in", sel.groups_in),
-            ("groups", sel.groups_out),
-            ("rows", sel.rows_out),
-            ("dropped_solve_none", sel.dropped_solve_none),
-            ("dropped_solve_all", sel.dropped_solve_all),
-            ("dropped_truncated", sel.dropped_truncated),
-            ("dropped_subsample", sel.dropped_subsample),
-        ] {
-            metrics.insert(format!("schedule/{k}"), v as f64);
-        }
-        Ok(batch.select(&rows))
-    }
-
-    fn step(&mut self, ps: &PlannedStep) -> Result<Metrics> {
-        let started = Instant::now();
+        let v = validator.run(step, &self.policy)?;
+        let k = self.cfg.validation.val_n;
         let mut metrics = Metrics::new();
-        let batch = self.load_batch(ps, &mut metrics)?;
-        let mut algo = self.algo.clone();
-        algo.global_step = Some(ps.global_step);
-        let n = batch.len();
-        let offsets = &batch.response_offsets;
-        let sd = &self.cfg.self_distillation;
-        let prompts = match &self.sd {
-            Some((_, chat)) => {
-                let (p, m) = logged_teacher_prompts(
+        metrics.insert("val-core/mean@k".into(), v.mean);
+        for (source, m) in &v.per_source {
+            metrics.insert(format!("val-core/{source}/reward/mean@{k}"), *m);
+        }
+        self.state.validations.retain(|(s, _)| *s < step);
+        self.state.validations.push((step, v.mean));
+        if self.state.best.is_none_or(|(_, b)| v.mean > b) {
+            self.state.best = Some((step, v.mean));
+            // The best policy goes to the run root once its step is checkpointed.
+            let cand = self.run.best_candidate();
+            self.policy.save_hf(&cand)?;
+            write_atomic(&cand.join("step.txt"), format!("{step}\n").as_bytes())?;
+        }
+        self.run.log(&format!(
+            "validation at step {step}: mean@{k} = {:.4}",
+            v.mean
+        ))?;
+        Ok(Some(metrics))
+    }
+
+    fn save_checkpoint(&mut self) -> Result<PathBuf> {
+        let step = self.state.global_step;
+        self.state.source = self.source.state();
+        let state = serde_json::to_string_pretty(&self.state)?;
+        let ema = self
+            .teacher
+            .as_ref()
+            .map(|(t, _)| t)
+            .filter(|t| t.regularization() == TeacherRegularization::Ema)
+            .map(Teacher::model);
+        let dir = self.run.save_checkpoint(step, self.cfg.trainer.keep, |d| {
+            self.policy.save_hf(d)?;
+            self.opt.save(d.join(OPTIMIZER_STATE))?;
+            if let Some(t) = ema {
+                t.save_hf(d.join(EMA_TEACHER))?;
+            }
+            write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
+        })?;
+        self.run.publish_policy(&dir, self.state.best)?;
+        let k = self.cfg.validation.val_n;
+        let validations = self
+            .validator
+            .as_ref()
+            .map(|_| (k, self.state.validations.as_slice()));
+        self.run.publish_results(validations)?;
+        self.run.log(&format!("checkpoint {}", dir.display()))?;
+        Ok(dir)
+    }
+
+    /// The step's groups in a seeded random order (`[batch] shuffle`), rows of a group together.
+    fn shuffle_groups(&self, step: u64, rollouts: RolloutStep) -> RolloutStep {
+        let groups = rollouts.batch.groups();
+        let mut spans: Vec<std::ops::Range<usize>> = groups;
+        spans.shuffle(&mut step_rng(self.cfg.trainer.seed, step, 4));
+        let rows: Vec<usize> = spans.into_iter().flatten().collect();
+        rollouts.select(&rows)
+    }
+
+    /// One trainer step: returns its metrics.
+    pub fn step(&mut self, step: u64) -> Result<Metrics> {
+        let started = Instant::now();
+        let mut rollouts = self.source.next_step(step, &self.policy)?;
+        rollouts.check()?;
+        if self.cfg.batch.shuffle {
+            rollouts = self.shuffle_groups(step, rollouts);
+        }
+        let mut metrics = std::mem::take(&mut rollouts.metrics);
+        let RolloutStep {
+            batch,
+            truncated,
+            policy_versions,
+            text,
+            origin,
+            ..
+        } = rollouts;
+        let cfg = &self.cfg;
+        let mut algo = cfg.algorithm.clone();
+        algo.global_step = Some(step);
+        let threshold = algo.success_reward_threshold;
+        let prompts = match (&self.teacher, &text) {
+            (Some((_, chat)), Some(text)) => {
+                // The teacher's chat template follows the data's thinking switch unless set
+                // apart.
+                let mut sd = cfg.self_distillation.context.clone();
+                sd.enable_thinking = sd.enable_thinking.or(cfg.data.enable_thinking);
+                let (p, m) = rollout_teacher_prompts(
                     &batch,
-                    sd,
-                    chat,
-                    self.cfg.data.eos_token_id,
-                    &source(&self.dataset, ps),
-                )?;
+                    text,
+                    &truncated,
+                    cfg.self_distillation.correctness_feedback,
+                    &sd,
+                    chat.as_ref(),
+                )
+                .with_context(|| origin.clone())?;
                 metrics.extend(m);
                 Some(p)
             }
-            None => None,
+            (Some(_), None) => bail!("{origin}: the source gave no text for the teacher contexts"),
+            _ => None,
         };
-        let teacher = match (&self.sd, &prompts) {
+        let teacher = match (&self.teacher, &prompts) {
             (Some((t, _)), Some(p)) => Some(TeacherInputs {
                 teacher: t,
                 prompts: p,
-                success_threshold: self.algo.success_reward_threshold,
+                success_threshold: threshold,
             }),
             _ => None,
         };
         let settings = UpdateSettings {
-            temperature: self.cfg.rollout.temperature,
-            ppo_mini_batch_size: self.cfg.batch.ppo_mini_batch_size,
-            ppo_epochs: self.cfg.batch.ppo_epochs,
-            max_tokens_per_micro_batch: self.cfg.batch.max_tokens_per_micro_batch,
-            lr: self.lr.lr_at(ps.global_step - 1),
+            temperature: cfg.rollout.temperature,
+            ppo_mini_batch_size: cfg.batch.ppo_mini_batch_size,
+            ppo_epochs: cfg.batch.ppo_epochs,
+            max_tokens_per_micro_batch: cfg.batch.max_tokens_per_micro_batch,
+            lr: self.lr.lr_at(step - 1),
         };
         let out = update(
-            &mut self.model,
+            &mut self.policy,
             &mut self.opt,
             &algo,
             &batch,
             &settings,
             teacher.as_ref(),
         )?;
-        let (current, skipped) = (&out.current, out.skipped);
         self.state.optimizer_steps += out.applied;
-        self.state.skipped_updates += skipped;
-        if current.iter().all(|x| x.is_finite()) {
+        self.state.skipped_updates += out.skipped;
+        let n = batch.len();
+        let offsets = &batch.response_offsets;
+        if out.current.iter().all(|x| x.is_finite()) {
             // Mean per-token log-prob of successful and of failed responses under the policy
-            // being trained: the replay's learning signal at a glance.
+            // being trained: the learning signal at a glance.
             for (name, win) in [("success", true), ("failure", false)] {
                 let (mut sum, mut count) = (0.0, 0usize);
-                let threshold = self.algo.success_reward_threshold;
                 for i in (0..n).filter(|&i| (f64::from(batch.scores[i]) >= threshold) == win) {
-                    sum += current[offsets[i]..offsets[i + 1]].iter().sum::<f64>();
+                    sum += out.current[offsets[i]..offsets[i + 1]].iter().sum::<f64>();
                     count += offsets[i + 1] - offsets[i];
                 }
                 if count > 0 {
@@ -489,28 +627,41 @@ impl Trainer {
             }
         }
         metrics.extend(out.metrics);
-        let eos = self.cfg.data.eos_token_id;
         let resp: Vec<f64> = (0..n).map(|i| batch.response(i).len() as f64).collect();
         let prompt: Vec<f64> = (0..n).map(|i| batch.prompt(i).len() as f64).collect();
         stats(&mut metrics, "response_length", &resp);
         stats(&mut metrics, "prompt_length", &prompt);
-        let clipped = (0..n).filter(|&i| batch.truncated(i, eos)).count();
+        let clipped = truncated.iter().filter(|&&t| t).count();
         metrics.insert(
             "response_length/clip_ratio".into(),
             clipped as f64 / n.max(1) as f64,
         );
+        // Staleness: trainer steps between the weights that generated a row and those it trains.
+        let stale: Vec<f64> = policy_versions
+            .iter()
+            .flatten()
+            .map(|&v| (step - 1).saturating_sub(v) as f64)
+            .collect();
+        if !stale.is_empty() {
+            stats(&mut metrics, "rollout/staleness", &stale);
+        }
         let tokens = (batch.prompt_tokens.len() + batch.response_tokens.len()) as u64;
         self.state.tokens_trained += tokens;
-        self.state.global_step = ps.global_step;
-        let secs = started.elapsed().as_secs_f64();
-        perf_metrics(&mut metrics, tokens, secs, self.state.skipped_updates);
-        metrics.insert("train/source_step".into(), ps.source_step as f64);
-        metrics.insert("train/epoch".into(), f64::from(ps.epoch));
-        metrics.insert("train/skipped_updates".into(), skipped as f64);
+        self.state.global_step = step;
+        perf_metrics(
+            &mut metrics,
+            tokens,
+            started.elapsed().as_secs_f64(),
+            self.state.skipped_updates,
+        );
+        metrics.insert("train/skipped_updates".into(), out.skipped as f64);
+        // The column name of the run directory's training_scores.csv.
+        metrics.insert("train/skipped_steps".into(), out.skipped as f64);
         metrics.insert(
             "train/optimizer_steps".into(),
             self.state.optimizer_steps as f64,
         );
+        self.source.on_policy_updated(step, &self.policy)?;
         Ok(metrics)
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_model::{DType, Device, Model};
-use rlreplay_train::{run, ReplayConfig, RunOptions};
+use rlreplay_train::{run, Config, RunOptions, SourceKind};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -93,15 +93,8 @@ grad_clip = {clip}
         clip = expected.grad_clip,
     );
     let out = tmp.path().join("run");
-    let cfg = ReplayConfig::parse(&text, &[]).unwrap();
-    run(&RunOptions {
-        config: cfg,
-        out: out.clone(),
-        resume: false,
-        stop_after: None,
-        progress: false,
-    })
-    .unwrap();
+    let cfg = Config::parse(&text, &[], SourceKind::Logged).unwrap();
+    run(&RunOptions::new(cfg, &out)).unwrap();
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()

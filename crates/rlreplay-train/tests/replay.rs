@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_model::{DType, Device, Model, SeqPair};
 use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
-use rlreplay_train::{run, ReplayConfig, RunOptions};
+use rlreplay_train::{run, Config, RunOptions, SourceKind};
 
 const EOS: u32 = 1;
 
@@ -32,7 +32,7 @@ fn dataset(dir: &Path, steps: usize) -> PathBuf {
     out
 }
 
-fn config(data: &Path, extra: &str) -> ReplayConfig {
+fn config(data: &Path, extra: &str) -> Config {
     let text = format!(
         r#"
 [model.random]
@@ -64,7 +64,7 @@ max_tokens_per_micro_batch = 200
 "#,
         data.display()
     );
-    ReplayConfig::parse(&text, &[]).unwrap()
+    Config::parse(&text, &[], SourceKind::Logged).unwrap()
 }
 
 fn final_weights(run: &Path) -> Vec<u8> {
@@ -116,7 +116,9 @@ fn same_inputs_give_identical_metrics_and_weights() {
         assert!(a.join(f).is_file(), "{f}");
     }
     // The saved configuration reproduces the run's.
-    let saved = ReplayConfig::load(&a.join("config.toml"), &[]).unwrap();
+    let saved = Config::load(&a.join("config.toml"), &[], SourceKind::Logged)
+        .unwrap()
+        .0;
     assert_eq!(
         saved,
         config(&data, "[schedule]\nmode = \"shuffle\"\nsubsample = 3\n")
@@ -129,7 +131,7 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
     let data = dataset(tmp.path(), 4);
     let cfg = config(
         &data,
-        "[checkpoint]\nsave_freq = 1\nkeep = 2\n[schedule]\nmode = \"shuffle\"\nepochs = 2\n",
+        "[trainer]\nsave_freq = 1\nkeep = 2\n[schedule]\nmode = \"shuffle\"\nepochs = 2\n",
     );
     let full = tmp.path().join("full");
     run(&RunOptions::new(cfg.clone(), &full)).unwrap();
@@ -227,8 +229,8 @@ fn non_finite_updates_are_skipped_and_counted() {
     // forward pass is non-finite, so those updates are skipped and never reach the weights.
     cfg.optim.lr = 1e38;
     cfg.optim.weight_decay = 0.0;
-    cfg.checkpoint.save_freq = 1;
-    cfg.checkpoint.keep = 0;
+    cfg.trainer.save_freq = 1;
+    cfg.trainer.keep = 0;
     let out = tmp.path().join("run");
     let s = run(&RunOptions::new(cfg, &out)).unwrap();
     assert_eq!(s.global_step, 3);
@@ -292,12 +294,16 @@ fn off_policy_corrections_run_and_are_logged() {
         ("bypass", "loss_mode = \"reinforce\"\nbypass_mode = true\n"),
     ] {
         let text = format!("[algorithm]\n{algo}\n");
-        let mut cfg = config(&data, "");
-        cfg.batch.ppo_epochs = 2;
         let extra: toml::Table = toml::from_str(&text).unwrap();
-        for (k, v) in extra["algorithm"].as_table().unwrap() {
-            cfg.algorithm.params.insert(k.clone(), v.clone());
-        }
+        let sets: Vec<String> = extra["algorithm"]
+            .as_table()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| format!("algorithm.{k}={v}"))
+            .collect();
+        let base = config(&data, "").to_toml().unwrap();
+        let mut cfg = Config::parse(&base, &sets, SourceKind::Logged).unwrap();
+        cfg.batch.ppo_epochs = 2;
         let out = tmp.path().join(name);
         let s = run(&RunOptions::new(cfg, &out)).unwrap();
         assert_eq!(s.skipped_updates, 0);
@@ -356,7 +362,7 @@ fn resumed_checkpoints_keep_the_tokenizer_files_through_rotation() {
         .unwrap();
     std::fs::write(model_dir.join("tokenizer.json"), "{}").unwrap();
     std::fs::write(model_dir.join("tokenizer_config.json"), "{}").unwrap();
-    let mut cfg = config(&data, "[checkpoint]\nsave_freq = 1\nkeep = 1\n");
+    let mut cfg = config(&data, "[trainer]\nsave_freq = 1\nkeep = 1\n");
     cfg.model.random = None;
     cfg.model.path = Some(model_dir);
     let out = tmp.path().join("run");
@@ -381,14 +387,14 @@ fn resumed_checkpoints_keep_the_tokenizer_files_through_rotation() {
     }
 }
 
-/// Guards that `[run] threads` is a pool of that size, not a change of the whole process's
+/// Guards that `[trainer] threads` is a pool of that size, not a change of the whole process's
 /// environment (a library must not set `RAYON_NUM_THREADS` for its caller).
 #[test]
 fn threads_do_not_touch_the_process_environment() {
     let tmp = tempfile::tempdir().unwrap();
     let data = dataset(tmp.path(), 1);
     let before = std::env::var_os("RAYON_NUM_THREADS");
-    let cfg = config(&data, "[run]\nthreads = 1\n");
+    let cfg = config(&data, "[trainer]\nthreads = 1\n");
     run(&RunOptions::new(cfg, &tmp.path().join("run"))).unwrap();
     assert_eq!(std::env::var_os("RAYON_NUM_THREADS"), before);
 }

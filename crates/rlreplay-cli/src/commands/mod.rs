@@ -50,11 +50,35 @@ impl RunArgs {
         }
     }
 
-    /// Prints the configuration's deprecation warnings to stderr.
-    pub fn warn(warnings: &[String]) {
+    /// The run of a `kind` front: the configuration read (its deprecation warnings printed to
+    /// stderr) with the `--set` overrides and their provenance, the run directory, resume and
+    /// early stop.
+    pub fn options(
+        &self,
+        kind: rlreplay_train::SourceKind,
+        progress: bool,
+    ) -> anyhow::Result<rlreplay_train::RunOptions> {
+        use anyhow::Context;
+        let path = self.config_path()?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let (config, warnings) = rlreplay_train::Config::parse_reporting(&text, &self.set, kind)
+            .with_context(|| format!("in config {}", path.display()))?;
         for w in warnings {
             eprintln!("warning: {w}");
         }
+        let out = self.out_dir(config.trainer.dir.as_deref(), "[trainer] dir")?;
+        Ok(rlreplay_train::RunOptions {
+            config,
+            provenance: rlreplay_train::rundir::Provenance {
+                file: Some((path, text)),
+                overrides: self.set.clone(),
+            },
+            out,
+            resume: self.resume,
+            stop_after: self.stop_after,
+            progress,
+        })
     }
 
     /// The configuration file: `--config`, or the run directory's saved one when resuming.

@@ -1,10 +1,10 @@
-//! `rlreplay replay`: train a Qwen3 policy on a rollout dataset.
+//! `rlreplay replay`: train a policy on a logged rollout dataset.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use rlreplay_train::{ReplayConfig, RunOptions};
+use rlreplay_train::SourceKind;
 
 /// Arguments of `rlreplay replay`.
 #[derive(clap::Args)]
@@ -18,17 +18,9 @@ pub struct Args {
 
 /// Runs `rlreplay replay`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_path = args.run.config_path()?;
-    let (config, warnings) = ReplayConfig::load_reporting(&config_path, &args.run.set)?;
-    super::RunArgs::warn(&warnings);
-    let out = args.run.out_dir(config.run.dir.as_deref(), "[run] dir")?;
-    let opts = RunOptions {
-        config,
-        out: out.clone(),
-        resume: args.run.resume,
-        stop_after: args.run.stop_after,
-        progress: !args.quiet && std::io::stderr().is_terminal(),
-    };
+    let progress = !args.quiet && std::io::stderr().is_terminal();
+    let opts = args.run.options(SourceKind::Logged, progress)?;
+    let out = opts.out.clone();
     let summary =
         rlreplay_train::run(&opts).with_context(|| format!("replay into {}", out.display()))?;
     let m = &summary.last_metrics;

@@ -3,8 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use rlreplay_online::config::OnlineConfig;
-use rlreplay_online::trainer::{run as run_online, Provenance, RunOptions};
+use rlreplay_train::SourceKind;
 
 /// Arguments of `rlreplay train`.
 #[derive(clap::Args)]
@@ -15,27 +14,10 @@ pub struct Args {
 
 /// Runs `rlreplay train`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config_path = args.run.config_path()?;
-    let text = std::fs::read_to_string(&config_path)
-        .with_context(|| format!("cannot read config {}", config_path.display()))?;
-    let (config, warnings) = OnlineConfig::parse_reporting(&text, &args.run.set)
-        .with_context(|| format!("in config {}", config_path.display()))?;
-    super::RunArgs::warn(&warnings);
-    let out = args
-        .run
-        .out_dir(config.trainer.dir.as_deref(), "[trainer] dir")?;
-    let opts = RunOptions {
-        config,
-        provenance: Provenance {
-            file: Some((config_path, text)),
-            overrides: args.run.set.clone(),
-        },
-        out: out.clone(),
-        resume: args.run.resume,
-        stop_after: args.run.stop_after,
-    };
-    let summary =
-        run_online(&opts).with_context(|| format!("online training into {}", out.display()))?;
+    let opts = args.run.options(SourceKind::Online, false)?;
+    let out = opts.out.clone();
+    let summary = rlreplay_train::run(&opts)
+        .with_context(|| format!("online training into {}", out.display()))?;
     let m = &summary.last_metrics;
     let get = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
     println!(

@@ -4,18 +4,23 @@
 use std::path::Path;
 
 use rlreplay_model::{DType, Device, Model};
-use rlreplay_online::config::OnlineConfig;
-use rlreplay_online::toy::{self, ToyModel};
-use rlreplay_online::trainer::{run, Provenance, RunOptions};
+use rlreplay_train::toy;
+use rlreplay_train::{run, RunOptions};
+use rlreplay_train::{Config, SourceKind};
 
 #[test]
 fn biology_preset_runs_one_step_with_a_tiny_model() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("model");
-    Model::new_random(ToyModel::default().config(), 3, DType::F32, &Device::Cpu)
-        .unwrap()
-        .save_hf(&model)
-        .unwrap();
+    Model::new_random(
+        toy::model_config(&toy::default_model()),
+        3,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap()
+    .save_hf(&model)
+    .unwrap();
     toy::write_tokenizer(&model).unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
     let rows: Vec<String> = ["A", "B", "C", "D"]
@@ -43,14 +48,15 @@ fn biology_preset_runs_one_step_with_a_tiny_model() {
         "trainer.threads=2".into(),
     ]
     .to_vec();
-    let config = OnlineConfig::load(&preset, &sets).unwrap();
+    let config = Config::load(&preset, &sets, SourceKind::Online).unwrap().0;
     let out = tmp.path().join("run");
     let s = run(&RunOptions {
         config,
-        provenance: Provenance::default(),
+        provenance: Default::default(),
         out: out.clone(),
         resume: false,
         stop_after: None,
+        progress: false,
     })
     .unwrap();
     assert_eq!(s.global_step, 1);

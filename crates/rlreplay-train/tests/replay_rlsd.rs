@@ -7,16 +7,21 @@ use std::path::{Path, PathBuf};
 use rand::{Rng, SeedableRng};
 use rlreplay_data::{write_shard, RolloutBatch};
 use rlreplay_model::{DType, Device, Model};
-use rlreplay_online::toy::{self, ToyModel};
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use rlreplay_train::rundir::{latest_checkpoint, read_metrics};
-use rlreplay_train::{run, ReplayConfig, RunOptions};
+use rlreplay_train::toy;
+use rlreplay_train::{run, Config, RunOptions, SourceKind};
 
 /// A tiny random Qwen3 over the toy vocabulary with the toy tokenizer files.
 fn model_dir(dir: &Path) -> PathBuf {
     let out = dir.join("model");
-    let model = Model::new_random(ToyModel::default().config(), 5, DType::F32, &Device::Cpu)
-        .expect("random model");
+    let model = Model::new_random(
+        toy::model_config(&toy::default_model()),
+        5,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .expect("random model");
     model.save_hf(&out).unwrap();
     toy::write_tokenizer(&out).unwrap();
     out
@@ -66,7 +71,7 @@ fn dataset(dir: &Path, model: &Path, steps: i64, ground_truth: bool) -> PathBuf 
     out
 }
 
-fn config(model: &Path, data: &Path, extra: &[&str]) -> ReplayConfig {
+fn config(model: &Path, data: &Path, extra: &[&str]) -> Config {
     let text = format!(
         r#"
 [model]
@@ -98,7 +103,7 @@ max_tokens_per_micro_batch = 256
         toy::token_id(toy::IM_END).unwrap()
     );
     let sets: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    ReplayConfig::parse(&text, &sets).unwrap()
+    Config::parse(&text, &sets, SourceKind::Logged).unwrap()
 }
 
 fn weights(run: &Path) -> Vec<u8> {
@@ -224,12 +229,13 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
     .unwrap_err();
     assert!(format!("{e:#}").contains("tokenizer.json"), "{e:#}");
     // A random model has no tokenizer at all.
-    let e = ReplayConfig::parse(
+    let e = Config::parse(
         &format!(
             "[model.random]\nseed = 1\n[data]\npath = \"{}\"\n[algorithm]\nloss_mode = \"rlsd\"\n",
             data.display()
         ),
         &[],
+        SourceKind::Logged,
     )
     .unwrap_err();
     assert!(format!("{e:#}").contains("[model] path"), "{e:#}");

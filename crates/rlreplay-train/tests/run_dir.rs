@@ -3,33 +3,34 @@
 
 use std::path::Path;
 
-use rlreplay_online::config::OnlineConfig;
-use rlreplay_online::trainer::{run, Provenance, RunOptions};
+use rlreplay_train::{run, RunOptions};
+use rlreplay_train::{Config, SourceKind};
 
 /// A two-step toy run that takes a second or two.
-fn tiny(overrides: &[&str]) -> OnlineConfig {
+fn tiny(overrides: &[&str]) -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/toy-arith.toml");
     let mut all = vec![
         "trainer.total_training_steps=2",
         "trainer.save_freq=1",
         "validation.test_freq=0",
         "validation.val_before_train=false",
-        "model.warmup_steps=0",
+        "toy.warmup_steps=0",
         "batch.train_batch_size=4",
         "rollout.n=2",
     ];
     all.extend_from_slice(overrides);
     let all: Vec<String> = all.iter().map(|s| s.to_string()).collect();
-    OnlineConfig::load(&path, &all).unwrap()
+    Config::load(&path, &all, SourceKind::Online).unwrap().0
 }
 
-fn options(config: OnlineConfig, out: &Path, resume: bool, stop_after: Option<u64>) -> RunOptions {
+fn options(config: Config, out: &Path, resume: bool, stop_after: Option<u64>) -> RunOptions {
     RunOptions {
         config,
-        provenance: Provenance::default(),
+        provenance: Default::default(),
         out: out.to_path_buf(),
         resume,
         stop_after,
+        progress: false,
     }
 }
 

@@ -2,22 +2,25 @@
 
 use std::path::Path;
 
-use rlreplay_online::config::OnlineConfig;
-use rlreplay_online::trainer::{run, Provenance, RunOptions};
+use rlreplay_train::{run, RunOptions};
+use rlreplay_train::{Config, SourceKind};
 
-fn toy_config(overrides: &[&str]) -> OnlineConfig {
+fn toy_config(overrides: &[&str]) -> Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/toy-arith.toml");
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    OnlineConfig::load(&path, &overrides).unwrap()
+    Config::load(&path, &overrides, SourceKind::Online)
+        .unwrap()
+        .0
 }
 
-fn train(cfg: OnlineConfig, out: &Path) -> rlreplay_online::trainer::RunSummary {
+fn train(cfg: Config, out: &Path) -> rlreplay_train::RunSummary {
     run(&RunOptions {
         config: cfg,
-        provenance: Provenance::default(),
+        provenance: Default::default(),
         out: out.to_path_buf(),
         resume: false,
         stop_after: None,
+        progress: false,
     })
     .unwrap()
 }
@@ -83,7 +86,7 @@ fn rlsd_tr_runs_on_the_toy_task() {
 }
 
 /// The full toy preset (30 steps, about a minute in a release build):
-/// `cargo test --release -p rlreplay-online --test toy_learns -- --ignored --nocapture`.
+/// `cargo test --release -p rlreplay-train --test toy_learns -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn toy_preset_demo() {
