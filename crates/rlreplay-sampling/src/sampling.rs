@@ -8,9 +8,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-/// Qwen3's end-of-text and end-of-turn ids, the default stop ids.
-pub const QWEN3_STOP_IDS: [u32; 2] = [151643, 151645];
-
 /// Sampling settings, stored with the rollouts they produce.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -35,7 +32,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             max_new_tokens: 1024,
-            stop_ids: QWEN3_STOP_IDS.to_vec(),
+            stop_ids: Vec::new(),
             seed: 0,
         }
     }

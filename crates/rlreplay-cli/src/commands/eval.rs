@@ -41,8 +41,6 @@ pub struct Args {
 
 /// Runs `rlreplay eval`.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let params = args.sampling.params(args.temperature, args.top_p);
-    params.validate()?;
     let items = read_prompts(&args.data)?;
     if let Some(it) = items.iter().find(|it| it.ground_truth.is_none()) {
         bail!(
@@ -51,8 +49,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             it.index
         );
     }
+    let mut params = args.sampling.params(args.temperature, args.top_p);
+    params.validate()?;
     let scorer = args.sampling.scorer()?;
-    let sampled = args.sampling.sample(&items, args.n, &params, "eval")?;
+    let sampled = args.sampling.sample(&items, args.n, &mut params, "eval")?;
     let (policy, gens) = (sampled.policy, sampled.gens);
     let samples = score_generations(&policy.chat, &items, gens, Some(&scorer))?;
     let per_prompt: Vec<PromptSamples<_>> = samples

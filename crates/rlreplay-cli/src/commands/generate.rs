@@ -11,9 +11,9 @@ use rlreplay_eval::pipeline::{score_generations, Policy};
 use rlreplay_eval::scoring::Scorer;
 use rlreplay_model::{parse_device, DType};
 use rlreplay_reward::RewardDispatch;
-use rlreplay_sampling::chat::ChatOptions;
+use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer};
 use rlreplay_sampling::engine::{generate, Generation};
-use rlreplay_sampling::sampling::{SamplingParams, QWEN3_STOP_IDS};
+use rlreplay_sampling::sampling::SamplingParams;
 
 /// Options shared by `generate` and `eval`: model, tokenizer, sampling and batching.
 #[derive(clap::Args, Debug, Clone)]
@@ -33,9 +33,10 @@ pub struct SamplingArgs {
     /// Seed of the per-sequence random streams.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Stop token ids (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = QWEN3_STOP_IDS)]
-    pub stop_ids: Vec<u32>,
+    /// Stop token ids (comma-separated) [the model's: `eos_token_id` of generation_config.json and
+    /// config.json, the tokenizer's `eos_token` and `pad_token`].
+    #[arg(long, value_delimiter = ',')]
+    pub stop_ids: Option<Vec<u32>>,
     /// Render prompts with `enable_thinking=false` (Qwen3's empty think block).
     #[arg(long)]
     pub no_thinking: bool,
@@ -64,16 +65,37 @@ pub(crate) fn parse_dtype(s: &str) -> Result<DType, String> {
 }
 
 impl SamplingArgs {
-    /// The sampling settings for `temperature` and `top_p`.
+    /// The sampling settings for `temperature` and `top_p`; without `--stop-ids` the stop ids are
+    /// filled in by [`SamplingArgs::sample`] from the model's directories.
     pub fn params(&self, temperature: f32, top_p: f32) -> SamplingParams {
         SamplingParams {
             temperature,
             top_p,
             top_k: self.top_k,
             max_new_tokens: self.max_new_tokens,
-            stop_ids: self.stop_ids.clone(),
+            stop_ids: self.stop_ids.clone().unwrap_or_default(),
             seed: self.seed,
         }
+    }
+
+    /// The ids the model directory (and the tokenizer directory) name as ends of a response.
+    fn model_stop_ids(&self, chat: &ChatTokenizer) -> Result<Vec<u32>> {
+        let mut ids = rlreplay_sampling::stop_ids(&self.model, Some(chat))?;
+        if let Some(dir) = &self.tokenizer {
+            for id in rlreplay_sampling::stop_ids(dir, Some(chat))? {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        if ids.is_empty() {
+            anyhow::bail!(
+                "{}: the model names no end-of-sequence token (eos_token_id in config.json or \
+                 generation_config.json, eos_token in tokenizer_config.json); pass --stop-ids",
+                self.model.display()
+            );
+        }
+        Ok(ids)
     }
 
     /// Chat rendering options.
@@ -98,12 +120,15 @@ impl SamplingArgs {
         &self,
         items: &[PromptItem],
         n: usize,
-        params: &SamplingParams,
+        params: &mut SamplingParams,
         what: &str,
     ) -> Result<Sampled> {
         let device = parse_device(&self.device).context("--device")?;
         let policy = Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype, &device)?;
         super::warn_non_finite(&self.model, &policy.non_finite_weights);
+        if self.stop_ids.is_none() {
+            params.stop_ids = self.model_stop_ids(&policy.chat)?;
+        }
         let encoded = policy.encode(items, self.chat_options())?;
         let bar = progress_bar(items.len() * n, what);
         let gens = generate(&policy.decoder, &encoded, n, params, self.batch, |_| {
@@ -172,14 +197,16 @@ pub struct Args {
 
 /// Runs `rlreplay generate`.
 pub fn run(args: Args) -> Result<ExitCode> {
-    let params = args.sampling.params(args.temperature, args.top_p);
+    let mut params = args.sampling.params(args.temperature, args.top_p);
     params.validate()?;
     let items = read_prompts(&args.prompts)?;
     let Sampled {
         policy,
         encoded,
         gens,
-    } = args.sampling.sample(&items, args.n, &params, "generate")?;
+    } = args
+        .sampling
+        .sample(&items, args.n, &mut params, "generate")?;
     let scorer = if args.no_reward {
         None
     } else {
