@@ -103,8 +103,9 @@ pub struct PromptSamples<T> {
     pub answers: Vec<Option<T>>,
 }
 
-/// A sample counts as correct for pass@k and maj@k when its reward exceeds this threshold.
-pub const CORRECT_THRESHOLD: f64 = 0.5;
+/// The default success threshold: a sample counts as correct for pass@k and maj@k when its reward
+/// is at least this (the training configuration's `success_reward_threshold`, the same comparison).
+pub const DEFAULT_SUCCESS_THRESHOLD: f64 = 0.5;
 
 /// Metrics of a group of prompts (one data source, or all).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -124,9 +125,11 @@ pub struct GroupMetrics {
 }
 
 /// Computes [`GroupMetrics`] per data source (sorted by name) followed by the overall group
-/// `all`. Every prompt must have the same number of samples `n >= 1`.
+/// `all`; a sample is correct when its reward is at least `success_threshold`. Every prompt must
+/// have the same number of samples `n >= 1`.
 pub fn evaluate<T>(
     prompts: &[PromptSamples<T>],
+    success_threshold: f64,
     mut equivalent: impl FnMut(&T, &T) -> bool,
 ) -> Result<Vec<GroupMetrics>, String> {
     let n = prompts.first().map_or(0, |p| p.rewards.len());
@@ -148,10 +151,22 @@ pub fn evaluate<T>(
     let mut out = Vec::with_capacity(sources.len() + 1);
     for s in sources {
         let group: Vec<&PromptSamples<T>> = prompts.iter().filter(|p| p.data_source == s).collect();
-        out.push(group_metrics(s, &group, n, &mut equivalent));
+        out.push(group_metrics(
+            s,
+            &group,
+            n,
+            success_threshold,
+            &mut equivalent,
+        ));
     }
     let all: Vec<&PromptSamples<T>> = prompts.iter().collect();
-    out.push(group_metrics("all", &all, n, &mut equivalent));
+    out.push(group_metrics(
+        "all",
+        &all,
+        n,
+        success_threshold,
+        &mut equivalent,
+    ));
     Ok(out)
 }
 
@@ -159,6 +174,7 @@ fn group_metrics<T>(
     name: &str,
     group: &[&PromptSamples<T>],
     n: usize,
+    success_threshold: f64,
     equivalent: &mut impl FnMut(&T, &T) -> bool,
 ) -> GroupMetrics {
     let m = group.len() as f64;
@@ -166,7 +182,7 @@ fn group_metrics<T>(
     let ks = ks_for(n);
     let correct: Vec<Vec<bool>> = group
         .iter()
-        .map(|p| p.rewards.iter().map(|&r| r > CORRECT_THRESHOLD).collect())
+        .map(|p| p.rewards.iter().map(|&r| r >= success_threshold).collect())
         .collect();
     let pass = ks
         .iter()
@@ -296,7 +312,7 @@ mod tests {
             p("a", [1.0, 1.0, 1.0, 0.0], [1, 1, 1, 2]),
             p("b", [0.0, 0.0, 0.0, 0.0], [3, 3, 3, 3]),
         ];
-        let m = evaluate(&prompts, |a, b| a == b).unwrap();
+        let m = evaluate(&prompts, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).unwrap();
         let names: Vec<&str> = m.iter().map(|g| g.data_source.as_str()).collect();
         assert_eq!(names, ["a", "b", "all"]);
         assert_eq!(m[0].mean, 0.75);
@@ -306,10 +322,25 @@ mod tests {
         assert_eq!(m[0].maj_at_k[2], (4, 1.0));
         assert_eq!(m[1].maj_at_k[2], (4, 0.0));
         assert_eq!(m[2].prompts, 3);
-        assert!(evaluate::<i32>(&[], |a, b| a == b).is_err());
+        assert!(evaluate::<i32>(&[], DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).is_err());
         let ragged = [prompts[0].clone(), p("a", [1.0; 4], [1; 4])];
         let mut bad = ragged.clone();
         bad[1].rewards.pop();
-        assert!(evaluate(&bad, |a, b| a == b).is_err());
+        assert!(evaluate(&bad, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).is_err());
+    }
+
+    /// Guards the one success comparison: a reward equal to the threshold is a success for
+    /// pass@k and maj@k, as for the training filters (it used to be `r > 0.5`).
+    #[test]
+    fn a_reward_at_the_threshold_is_correct() {
+        let prompts = [PromptSamples {
+            data_source: "s".into(),
+            rewards: vec![0.5, 0.0],
+            answers: vec![Some(1), Some(2)],
+        }];
+        let m = evaluate(&prompts, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).unwrap();
+        assert_eq!(m[0].pass_at_k[0], (1, 0.5));
+        let strict = evaluate(&prompts, 0.75, |a, b| a == b).unwrap();
+        assert_eq!(strict[0].pass_at_k[0], (1, 0.0));
     }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use rlreplay_eval::dataset::read_prompts;
-use rlreplay_eval::metrics::{evaluate, PromptSamples};
+use rlreplay_eval::metrics::{evaluate, PromptSamples, DEFAULT_SUCCESS_THRESHOLD};
 use rlreplay_eval::pipeline::score_generations;
 use rlreplay_eval::report;
 use serde_json::json;
@@ -35,12 +35,22 @@ pub struct Args {
     /// Trainer step written as the first CSV column.
     #[arg(long)]
     step: Option<i64>,
+    /// A sample is correct for pass@k and maj@k when its reward is at least this (the training
+    /// configuration's `success_reward_threshold`).
+    #[arg(long, default_value_t = DEFAULT_SUCCESS_THRESHOLD)]
+    success_reward_threshold: f64,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
 
 /// Runs `rlreplay eval`.
 pub fn run(args: Args) -> Result<ExitCode> {
+    if !args.success_reward_threshold.is_finite() {
+        bail!(
+            "--success-reward-threshold {}: must be a finite number",
+            args.success_reward_threshold
+        );
+    }
     let items = read_prompts(&args.data)?;
     if let Some(it) = items.iter().find(|it| it.ground_truth.is_none()) {
         bail!(
@@ -64,8 +74,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             answers: chunk.iter().map(|s| s.answer.clone()).collect(),
         })
         .collect();
-    let groups =
-        evaluate(&per_prompt, |a, b| scorer.equivalent(a, b)).map_err(anyhow::Error::msg)?;
+    let groups = evaluate(&per_prompt, args.success_reward_threshold, |a, b| {
+        scorer.equivalent(a, b)
+    })
+    .map_err(anyhow::Error::msg)?;
     let table = report::table(&groups);
     print!("{table}");
     if let Some(out) = &args.out {
