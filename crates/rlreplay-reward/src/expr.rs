@@ -22,7 +22,7 @@ pub enum Stop {
 /// math-verify).
 #[derive(Debug, Clone)]
 pub struct Budget {
-    deadline: Instant,
+    deadline: Cell<Instant>,
     bounds: Cell<u32>,
 }
 
@@ -30,14 +30,20 @@ impl Budget {
     /// A budget ending at `deadline`.
     pub fn new(deadline: Instant) -> Self {
         Self {
-            deadline,
+            deadline: Cell::new(deadline),
             bounds: Cell::new(0),
         }
     }
 
+    /// Moves the deadline later by `by` (time not charged to the answer, such as building a
+    /// regex on its first use).
+    pub fn extend(&self, by: std::time::Duration) {
+        self.deadline.set(self.deadline.get() + by);
+    }
+
     /// `Err(Stop::Timeout)` once the deadline has passed.
     pub fn check(&self) -> Result<(), Stop> {
-        if Instant::now() >= self.deadline {
+        if Instant::now() >= self.deadline.get() {
             Err(Stop::Timeout)
         } else {
             Ok(())

@@ -186,8 +186,18 @@ static UNITS_RE: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 static TO_REMOVE: LazyLock<FRegex> = LazyLock::new(|| {
-    fre(r#"\\mathrm\{th\}|\\!\s*|\\text\s*\{\s*\}|\\\$|\$|(?<!\\)["']|\\displaystyle"#)
+    fre(r#"\G(?:\\mathrm\{th\}|\\!\s*|\\text\s*\{\s*\}|\\\$|\$|(?<!\\)["']|\\displaystyle)"#)
 });
+
+/// Where a match of [`TO_REMOVE`] can start.
+fn to_remove_starts(c: char) -> bool {
+    matches!(c, '\\' | '$' | '"' | '\'')
+}
+
+/// Where a match of [`TO_REPLACE_RE`] can start (the first characters of its alternatives).
+fn to_replace_starts(c: char) -> bool {
+    matches!(c, '\\' | '{' | '~' | ',' | 'a' | 'o' | 'i' | 'p') || c.is_whitespace()
+}
 
 const TO_REPLACE: &[(&str, &str, &str)] = &[
     ("math", r"\\math(?:rm|it|bf)", r"\text"),
@@ -221,10 +231,10 @@ static TO_REPLACE_RE: LazyLock<FRegex> = LazyLock::new(|| {
         .iter()
         .map(|(n, p, _)| format!("(?P<{n}>{p})"))
         .collect();
-    fre(&alts.join("|"))
+    fre(&format!(r"\G(?:{})", alts.join("|")))
 });
 
-static COMMAND_SLASH_FIX: LazyLock<FRegex> = LazyLock::new(|| fre(r"\\\\(?=[a-zA-Z])"));
+static COMMAND_SLASH_FIX: LazyLock<FRegex> = LazyLock::new(|| fre(r"\G(?:\\\\(?=[a-zA-Z]))"));
 static PERMUTATION: LazyLock<Regex> =
     LazyLock::new(|| re(r"\(([a-zA-Z0-9+\-*/\\ ]+?)\)_\{([a-zA-Z0-9+\-*/\\ ]+?)\}"));
 static UNIT_SUPERSCRIPT: LazyLock<Regex> =
@@ -257,21 +267,27 @@ pub(crate) fn compile_regexes() {
     LazyLock::force(&MALFORMED);
 }
 
-/// Replaces every match of a lookaround regex by the result of `f`.
+/// Replaces every match of a lookaround regex (anchored by `\G`, tried where `start` holds: at
+/// least wherever a match can start) by the result of `f`; the text unchanged when the regex
+/// gives up.
 fn fancy_replace_all(
     re: &FRegex,
     text: &str,
+    start: impl FnMut(usize, char) -> bool,
     mut f: impl FnMut(&fancy_regex::Captures) -> String,
 ) -> String {
+    let Ok((found, false)) = crate::extract::anchored_matches(re, text, None, start) else {
+        return text.to_string();
+    };
+    if found.is_empty() {
+        return text.to_string();
+    }
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
-    for caps in re.captures_iter(text) {
-        let Ok(caps) = caps else {
-            return text.to_string();
-        };
+    for caps in &found {
         let m = caps.get(0).expect("group 0");
         out.push_str(&text[last..m.start()]);
-        out.push_str(&f(&caps));
+        out.push_str(&f(caps));
         last = m.end();
     }
     out.push_str(&text[last..]);
@@ -447,17 +463,29 @@ pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
     text = PERMUTATION
         .replace_all(&text, r"\frac{(${1})!}{((${1})-(${2}))!}")
         .into_owned();
-    text = fancy_replace_all(&TO_REMOVE, &text, |_| String::new());
-    text = fancy_replace_all(&TO_REPLACE_RE, &text, |caps| {
-        TO_REPLACE
-            .iter()
-            .find(|(n, _, _)| caps.name(n).is_some())
-            .map(|(_, _, r)| (*r).to_string())
-            .unwrap_or_default()
-    });
+    text = fancy_replace_all(
+        &TO_REMOVE,
+        &text,
+        |_, c| to_remove_starts(c),
+        |_| String::new(),
+    );
+    text = fancy_replace_all(
+        &TO_REPLACE_RE,
+        &text,
+        |_, c| to_replace_starts(c),
+        |caps| {
+            TO_REPLACE
+                .iter()
+                .find(|(n, _, _)| caps.name(n).is_some())
+                .map(|(_, _, r)| (*r).to_string())
+                .unwrap_or_default()
+        },
+    );
     text = text.replace(['\n', '\t'], " ");
     if !text.contains("matrix") {
-        text = fancy_replace_all(&COMMAND_SLASH_FIX, &text, |_| "\\".to_string());
+        let bytes = text.as_bytes().to_vec();
+        let slash_pair = |i: usize, _| bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'\\');
+        text = fancy_replace_all(&COMMAND_SLASH_FIX, &text, slash_pair, |_| "\\".to_string());
     }
     // units
     let t = UNIT_SUPERSCRIPT.replace(&text, "").trim().to_string();
@@ -490,6 +518,50 @@ pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lookaround rewrites tried only where a match can start find the matches of a plain
+    /// scan, on the answers of the committed case files and on strings made of their starts.
+    #[test]
+    fn anchored_rewrites_find_the_plain_matches() {
+        let mut texts = vec![
+            r#"a \\b \$ $ "x" 'y' \!  \text { } ,and or, {.5} .5 ~= \ldots infinity inf pct"#
+                .to_string(),
+        ];
+        for file in [
+            include_str!("../tests/data/math_verify_real.jsonl"),
+            include_str!("../tests/data/intent_labels.jsonl"),
+        ] {
+            for line in file.lines() {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                texts.push(v["gold"].as_str().unwrap().to_string());
+                texts.push(v["pred"].as_str().unwrap().to_string());
+            }
+        }
+        type Start = fn(&str, usize, char) -> bool;
+        let starts: [(&FRegex, Start); 3] = [
+            (&TO_REMOVE, |_, _, c| to_remove_starts(c)),
+            (&TO_REPLACE_RE, |_, _, c| to_replace_starts(c)),
+            (&COMMAND_SLASH_FIX, |t, i, _| t[i..].starts_with("\\\\")),
+        ];
+        for (re, start) in starts {
+            let plain = fre(&re.as_str()[5..re.as_str().len() - 1]);
+            for t in &texts {
+                let fast: Vec<_> =
+                    crate::extract::anchored_matches(re, t, None, |i, c| start(t, i, c))
+                        .unwrap()
+                        .0
+                        .iter()
+                        .map(|c| (c.get(0).unwrap().range(), c.len()))
+                        .collect();
+                let slow: Vec<_> = plain
+                    .captures_iter(t)
+                    .map(|c| c.unwrap())
+                    .map(|c| (c.get(0).unwrap().range(), c.len()))
+                    .collect();
+                assert_eq!(fast, slow, "{} on {t:?}", plain.as_str());
+            }
+        }
+    }
 
     #[test]
     fn boxed_last_and_all() {
