@@ -382,7 +382,8 @@ static COMPLEX: LazyLock<Regex> = LazyLock::new(|| {
     )
 });
 
-/// Compiles the extraction and normalisation regexes now (they are built on first use).
+/// Builds the normalisation regexes and the extraction patterns now (each extraction regex is
+/// built on its first use).
 pub(crate) fn compile_regexes() {
     LazyLock::force(&LATEX_RES);
     LazyLock::force(&EXPR_RES);

@@ -186,7 +186,8 @@ pub fn verify(gold: &str, pred: &str, mode: Mode, limits: &Limits) -> Verdict {
         return verdict;
     }
     let pred = tail(pred, limits.max_bytes);
-    // The first call in a process builds the regexes: not charged to this answer's time limit.
+    // The first call in a process builds the normalisation regexes, not charged to this answer's
+    // time limit (each extraction regex is built on first use, outside the limit as well).
     extract::compile_regexes();
     let budget = Budget::new(Instant::now() + limits.time);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
