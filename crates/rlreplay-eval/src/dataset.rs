@@ -12,11 +12,12 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
 use rlreplay_sampling::chat::Message;
+
+use crate::error::{Error, Result};
 
 /// The data source given to rows without one.
 pub const UNKNOWN_SOURCE: &str = "unknown";
@@ -45,66 +46,110 @@ pub fn read_prompts(path: &Path) -> Result<Vec<PromptItem>> {
         read_jsonl(path)?
     };
     if items.is_empty() {
-        bail!("{}: no prompts", path.display());
+        return Err(Error::NoPrompts {
+            path: path.to_owned(),
+        });
     }
     Ok(items)
 }
 
+fn open(path: &Path) -> Result<File> {
+    File::open(path).map_err(|source| Error::Open {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 fn read_jsonl(path: &Path) -> Result<Vec<PromptItem>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = open(path)?;
     let mut items = Vec::new();
     for (line_no, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("{}: line {}", path.display(), line_no + 1))?;
+        let path = || path.to_owned();
+        let line_no = line_no + 1;
+        let line = line.map_err(|source| Error::ReadLine {
+            path: path(),
+            line: line_no,
+            source,
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        let value: Value = serde_json::from_str(&line)
-            .with_context(|| format!("{}: line {}: not valid JSON", path.display(), line_no + 1))?;
-        let item = item_from_json(&value, items.len())
-            .with_context(|| format!("{}: line {}", path.display(), line_no + 1))?;
+        let value: Value = serde_json::from_str(&line).map_err(|source| Error::LineJson {
+            path: path(),
+            line: line_no,
+            source,
+        })?;
+        let item = item_from_json(&value, items.len()).map_err(|e| Error::Line {
+            path: path(),
+            line: line_no,
+            source: Box::new(e),
+        })?;
         items.push(item);
     }
     Ok(items)
 }
 
 fn read_parquet(path: &Path) -> Result<Vec<PromptItem>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = open(path)?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .with_context(|| format!("{} is not a readable Parquet file", path.display()))?
+        .map_err(|source| Error::NotParquet {
+            path: path.to_owned(),
+            source,
+        })?
         .build()
-        .with_context(|| format!("reading {}", path.display()))?;
+        .map_err(|source| Error::ReadParquet {
+            path: path.to_owned(),
+            source,
+        })?;
     let mut items = Vec::new();
     for batch in reader {
-        let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+        let batch = batch.map_err(|source| Error::ReadBatch {
+            path: path.to_owned(),
+            source,
+        })?;
         let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
         writer
             .write(&batch)
             .and_then(|_| writer.finish())
-            .with_context(|| format!("{}: converting rows", path.display()))?;
+            .map_err(|source| Error::ConvertRows {
+                path: path.to_owned(),
+                source,
+            })?;
         let text = writer.into_inner();
         for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             let row = items.len();
-            let value: Value = serde_json::from_slice(line)
-                .with_context(|| format!("{}: row {row}: converting to JSON", path.display()))?;
-            let item = item_from_json(&value, row)
-                .with_context(|| format!("{}: row {row}", path.display()))?;
+            let value: Value = serde_json::from_slice(line).map_err(|source| Error::RowJson {
+                path: path.to_owned(),
+                row,
+                source,
+            })?;
+            let item = item_from_json(&value, row).map_err(|e| Error::Row {
+                path: path.to_owned(),
+                row,
+                source: Box::new(e),
+            })?;
             items.push(item);
         }
     }
     Ok(items)
 }
 
-fn messages_from(list: &[Value], key: &str) -> Result<Vec<Message>> {
+fn messages_from(list: &[Value], column: &'static str) -> Result<Vec<Message>> {
     if list.is_empty() {
-        bail!("column `{key}`: empty conversation");
+        return Err(Error::EmptyConversation { column });
     }
     list.iter()
         .enumerate()
         .map(|(i, m)| {
-            let field = |f: &str| {
-                m.get(f)
+            let field = |field: &'static str| {
+                m.get(field)
                     .and_then(Value::as_str)
-                    .ok_or_else(|| anyhow!("column `{key}`: message {i} has no string `{f}`: {m}"))
+                    .ok_or_else(|| Error::MessageField {
+                        column,
+                        message: i,
+                        field,
+                        found: m.clone(),
+                    })
             };
             Ok(Message::new(field("role")?, field("content")?))
         })
@@ -123,30 +168,38 @@ fn answer_text(v: &Value) -> Option<String> {
 pub fn item_from_json(row: &Value, index: usize) -> Result<PromptItem> {
     let obj = row
         .as_object()
-        .ok_or_else(|| anyhow!("a row must be a JSON object, found {row}"))?;
+        .ok_or_else(|| Error::NotAnObject { found: row.clone() })?;
     let messages = if let Some(p) = obj.get("prompt") {
         match p {
             Value::String(s) => vec![Message::user(s.clone())],
             Value::Array(list) => messages_from(list, "prompt")?,
             other => {
-                bail!("column `prompt`: expected a string or a list of messages, found {other}")
+                return Err(Error::ColumnType {
+                    column: "prompt",
+                    expected: "a string or a list of messages",
+                    found: other.clone(),
+                })
             }
         }
     } else if let Some(m) = obj.get("messages") {
-        let list = m
-            .as_array()
-            .ok_or_else(|| anyhow!("column `messages`: expected a list of messages, found {m}"))?;
+        let list = m.as_array().ok_or_else(|| Error::ColumnType {
+            column: "messages",
+            expected: "a list of messages",
+            found: m.clone(),
+        })?;
         messages_from(list, "messages")?
     } else if let Some((key, q)) = ["problem", "question"]
         .iter()
         .find_map(|k| obj.get(*k).map(|v| (*k, v)))
     {
-        let q = q
-            .as_str()
-            .ok_or_else(|| anyhow!("column `{key}`: expected a string, found {q}"))?;
+        let q = q.as_str().ok_or_else(|| Error::ColumnType {
+            column: key,
+            expected: "a string",
+            found: q.clone(),
+        })?;
         vec![Message::user(q)]
     } else {
-        bail!("no prompt: expected a `prompt`, `messages`, `problem` or `question` column");
+        return Err(Error::NoPrompt);
     };
     let ground_truth = obj
         .get("reward_model")
@@ -160,7 +213,13 @@ pub fn item_from_json(row: &Value, index: usize) -> Result<PromptItem> {
     let data_source = match obj.get("data_source") {
         None | Some(Value::Null) => UNKNOWN_SOURCE.to_owned(),
         Some(Value::String(s)) => s.clone(),
-        Some(other) => bail!("column `data_source`: expected a string, found {other}"),
+        Some(other) => {
+            return Err(Error::ColumnType {
+                column: "data_source",
+                expected: "a string",
+                found: other.clone(),
+            })
+        }
     };
     Ok(PromptItem {
         index,

@@ -3,7 +3,10 @@
 #![warn(missing_docs)]
 
 pub mod dataset;
+pub mod error;
 pub mod metrics;
 pub mod pipeline;
 pub mod report;
 pub mod scoring;
+
+pub use error::{Error, Result};

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::error::{Error, Result};
+
 /// Unbiased pass@k of one prompt with `c` correct samples out of `n`:
 /// `1 - C(n-c, k) / C(n, k)`, computed as `1 - prod_{i=n-c+1}^{n} (1 - k/i)` (no large binomials).
 ///
@@ -131,18 +133,19 @@ pub fn evaluate<T>(
     prompts: &[PromptSamples<T>],
     success_threshold: f64,
     mut equivalent: impl FnMut(&T, &T) -> bool,
-) -> Result<Vec<GroupMetrics>, String> {
+) -> Result<Vec<GroupMetrics>> {
     let n = prompts.first().map_or(0, |p| p.rewards.len());
     if n == 0 {
-        return Err("no samples to evaluate".into());
+        return Err(Error::NoSamples);
     }
     for (i, p) in prompts.iter().enumerate() {
         if p.rewards.len() != n || p.answers.len() != n {
-            return Err(format!(
-                "prompt {i}: {} rewards and {} answers, expected {n} of each",
-                p.rewards.len(),
-                p.answers.len()
-            ));
+            return Err(Error::SampleCount {
+                prompt: i,
+                rewards: p.rewards.len(),
+                answers: p.answers.len(),
+                expected: n,
+            });
         }
     }
     let mut sources: Vec<&str> = prompts.iter().map(|p| p.data_source.as_str()).collect();

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use rlreplay_model::{DType, Device, MemoryEstimate, Model, ModelConfig, Workload};
 
 use crate::dataset::PromptItem;
+use crate::error::{Error, Result};
 use crate::scoring::{Answer, Scorer};
 use rlreplay_model::generate::Decoder;
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer};
@@ -34,12 +34,15 @@ impl Policy {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let context = || format!("loading the model in {}", model_dir.display());
-        let cfg = ModelConfig::from_hf_json(model_dir.join("config.json")).with_context(context)?;
+        let context = |source| Error::LoadModel {
+            dir: model_dir.to_owned(),
+            source,
+        };
+        let cfg = ModelConfig::from_hf_json(model_dir.join("config.json")).map_err(context)?;
         MemoryEstimate::new(&cfg, dtype, Workload::Sampling)
             .check(device)
-            .with_context(context)?;
-        let model = Model::load(model_dir, dtype, device).with_context(context)?;
+            .map_err(context)?;
+        let model = Model::load(model_dir, dtype, device).map_err(context)?;
         let non_finite_weights = model.non_finite_params()?;
         let decoder = Decoder::new(&model)?;
         let chat = ChatTokenizer::from_dir(tokenizer_dir.unwrap_or(model_dir))?;
@@ -57,7 +60,10 @@ impl Policy {
             .map(|it| {
                 self.chat
                     .encode(&it.messages, options)
-                    .with_context(|| format!("prompt {}", it.index))
+                    .map_err(|source| Error::Prompt {
+                        index: it.index,
+                        source,
+                    })
             })
             .collect()
     }

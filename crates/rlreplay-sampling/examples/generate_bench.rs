@@ -8,12 +8,13 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::{DType, Device, Model, ModelConfig};
 use rlreplay_sampling::engine::generate;
 use rlreplay_sampling::sampling::SamplingParams;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// The benchmark model: 4 layers, hidden 256, 8/4 heads of 32, MLP 768, vocab 8192.
 fn bench_config() -> ModelConfig {
@@ -44,10 +45,11 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dir = args
         .get(1)
-        .context("usage: generate_bench MODEL_DIR [batch] [prompt_len] [new_tokens]")?;
+        .ok_or("usage: generate_bench MODEL_DIR [batch] [prompt_len] [new_tokens]")?;
     let num = |i: usize, default: usize| -> Result<usize> {
         args.get(i).map_or(Ok(default), |s| {
-            s.parse().with_context(|| format!("argument {i}: {s}"))
+            s.parse()
+                .map_err(|e| format!("argument {i}: {s}: {e}").into())
         })
     };
     let (batch, prompt_len, new_tokens) = (num(2, 16)?, num(3, 32)?, num(4, 128)?);

@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
-use minijinja::{context, Environment, Error, ErrorKind, Value};
+use minijinja::{context, Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
+
+use crate::error::{Error, Result};
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,8 +65,8 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
-fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, msg))
+fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
 }
 
 /// A special token of `tokenizer_config.json`: a plain string or an `AddedToken` object.
@@ -91,7 +92,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME.to_owned(), source.to_owned())
-            .map_err(|e| anyhow!("chat template does not compile: {e:#}"))?;
+            .map_err(Error::Compile)?;
         Ok(Self {
             env,
             bos_token,
@@ -102,10 +103,15 @@ impl ChatTemplate {
     /// Reads the `chat_template` of a `tokenizer_config.json` (a string, or a list of named
     /// templates of which `default` is taken), with its `bos_token` and `eos_token`.
     pub fn from_tokenizer_config(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let config: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|source| Error::Json {
+                path: path.to_owned(),
+                source,
+            })?;
         let source = match config.get("chat_template") {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(list)) => list
@@ -113,29 +119,37 @@ impl ChatTemplate {
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                 .and_then(|t| t.get("template")?.as_str())
                 .map(str::to_owned)
-                .ok_or_else(|| {
-                    anyhow!(
-                        "{}: `chat_template` is a list without a `default` entry",
-                        path.display()
-                    )
+                .ok_or_else(|| Error::NoDefaultTemplate {
+                    path: path.to_owned(),
                 })?,
-            Some(_) => bail!(
-                "{}: `chat_template` is neither a string nor a list",
-                path.display()
-            ),
-            None => bail!("{} has no `chat_template`", path.display()),
+            Some(_) => {
+                return Err(Error::TemplateType {
+                    path: path.to_owned(),
+                })
+            }
+            None => {
+                return Err(Error::NoChatTemplate {
+                    path: path.to_owned(),
+                })
+            }
         };
         Self::from_source(
             &source,
             token_string(config.get("bos_token")),
             token_string(config.get("eos_token")),
         )
-        .with_context(|| format!("in {}", path.display()))
+        .map_err(|e| Error::InFile {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
     }
 
     /// Renders a conversation to the prompt text.
     pub fn render(&self, messages: &[Message], options: ChatOptions) -> Result<String> {
-        let template = self.env.get_template(TEMPLATE_NAME)?;
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(Error::Render)?;
         let thinking = options
             .enable_thinking
             .map(Value::from)
@@ -148,7 +162,7 @@ impl ChatTemplate {
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
             })
-            .map_err(|e| anyhow!("rendering the chat template failed: {e:#}"))
+            .map_err(Error::Render)
     }
 }
 
@@ -164,8 +178,10 @@ impl ChatTokenizer {
     /// Loads `tokenizer.json` and `tokenizer_config.json` from a model or tokenizer directory.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tok_path = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tok_path)
-            .map_err(|e| anyhow!("loading {}: {e}", tok_path.display()))?;
+        let tokenizer = Tokenizer::from_file(&tok_path).map_err(|error| Error::LoadTokenizer {
+            path: tok_path.clone(),
+            error,
+        })?;
         let template = ChatTemplate::from_tokenizer_config(&dir.join("tokenizer_config.json"))?;
         Ok(Self {
             template,
@@ -184,7 +200,7 @@ impl ChatTokenizer {
         let enc = self
             .tokenizer
             .encode(text, false)
-            .map_err(|e| anyhow!("tokenizing failed: {e}"))?;
+            .map_err(Error::Tokenize)?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -192,7 +208,7 @@ impl ChatTokenizer {
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.tokenizer
             .decode(ids, skip_special)
-            .map_err(|e| anyhow!("decoding failed: {e}"))
+            .map_err(Error::Decode)
     }
 }
 

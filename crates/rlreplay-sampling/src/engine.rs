@@ -18,9 +18,9 @@
 
 use std::collections::VecDeque;
 
-use anyhow::{bail, Result};
 use rayon::prelude::*;
 
+use crate::error::{Error, Result};
 use crate::sampling::{sample, top_logprobs, LogprobMode, SamplerScratch, SamplingParams};
 use rlreplay_model::generate::{Decoder, KvCache};
 
@@ -403,18 +403,19 @@ pub fn generate(
 ) -> Result<Vec<Generation>> {
     params.validate()?;
     if n == 0 {
-        bail!("the number of samples per prompt must be >= 1");
+        return Err(Error::NoSamples);
     }
     let max_pos = decoder.config().max_position_embeddings;
     for (i, p) in prompts.iter().enumerate() {
         if p.is_empty() {
-            bail!("prompt {i} is empty");
+            return Err(Error::EmptyPrompt { prompt: i });
         }
         if p.len() >= max_pos {
-            bail!(
-                "prompt {i} has {} tokens; the model's context is {max_pos}",
-                p.len()
-            );
+            return Err(Error::PromptTooLong {
+                prompt: i,
+                tokens: p.len(),
+                context: max_pos,
+            });
         }
     }
     let mut batcher = Batcher::new(max_batch);

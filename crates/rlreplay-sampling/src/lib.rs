@@ -5,7 +5,9 @@
 
 pub mod chat;
 pub mod engine;
+pub mod error;
 pub mod sampling;
 pub mod special;
 
+pub use error::{Error, Result};
 pub use special::stop_ids;

@@ -3,10 +3,11 @@
 //! recomputes (or, on request, under the distribution actually sampled from, or the raw one; see
 //! [`LogprobMode`]). Each sequence has its own random stream, so batching does not change results.
 
-use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
 
 /// Sampling settings, stored with the rollouts they produce.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,13 +43,13 @@ impl SamplingParams {
     /// Checks the ranges of the settings.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            bail!("temperature must be >= 0, got {}", self.temperature);
+            return Err(Error::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            bail!("top_p must be in (0, 1], got {}", self.top_p);
+            return Err(Error::TopP(self.top_p));
         }
         if self.max_new_tokens == 0 {
-            bail!("max_new_tokens must be >= 1");
+            return Err(Error::MaxNewTokens);
         }
         Ok(())
     }

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use serde_json::Value;
 
 use crate::chat::ChatTokenizer;
+use crate::error::{Error, Result};
 
 /// The token ids that end a response, read from a Hugging Face model directory, first seen
 /// first: `eos_token_id` of `generation_config.json` and of `config.json` (one id or a list),
@@ -59,10 +59,14 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.to_owned(),
+        source,
+    })?;
     Ok(Some(value))
 }
 

@@ -354,14 +354,15 @@ impl PromptEncoder for ChatTokenizer {
                 enable_thinking,
             },
         )
+        .map_err(Into::into)
     }
 
     fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
-        ChatTokenizer::encode_text(self, text)
+        ChatTokenizer::encode_text(self, text).map_err(Into::into)
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        ChatTokenizer::decode(self, ids, false)
+        ChatTokenizer::decode(self, ids, false).map_err(Into::into)
     }
 }
 

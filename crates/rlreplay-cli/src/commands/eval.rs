@@ -76,8 +76,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .collect();
     let groups = evaluate(&per_prompt, args.success_reward_threshold, |a, b| {
         scorer.equivalent(a, b)
-    })
-    .map_err(anyhow::Error::msg)?;
+    })?;
     let table = report::table(&groups);
     print!("{table}");
     if let Some(out) = &args.out {
