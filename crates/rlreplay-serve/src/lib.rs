@@ -52,9 +52,12 @@
 
 pub mod protocol;
 pub mod request;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod worker;
 
+#[cfg(feature = "server")]
 pub use server::{BoundServer, ServeConfig, ServerHandle};
 
 /// Errors of the server crate.

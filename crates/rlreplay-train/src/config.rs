@@ -372,6 +372,59 @@ pub struct RolloutSection {
     pub max_response_length: usize,
     /// Sequences decoded at once.
     pub max_batch: usize,
+    /// Online: where generation runs, in this process or on inference servers.
+    pub backend: RolloutBackend,
+    /// Remote: the servers' base URLs (`http://host:port`); prompts are spread over them.
+    pub endpoints: Vec<String>,
+    /// Remote: the protocol the servers speak.
+    pub protocol: RolloutProtocol,
+    /// Remote: how the servers get each new policy.
+    pub weight_sync: WeightSync,
+    /// Remote, `weight_sync = "disk"`: where each policy version is written as an HF directory
+    /// the servers can read (default `RUN_DIR/weights`).
+    pub weights_dir: Option<PathBuf>,
+    /// Remote: seconds one generation or weight-update request may take.
+    pub request_timeout_s: f64,
+    /// Remote: attempts on one endpoint after its first failure, before its requests move to
+    /// the other endpoints.
+    pub retries: u32,
+    /// Remote: seconds before the first retry; doubled at each further one.
+    pub retry_backoff_s: f64,
+}
+
+/// `[rollout] backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutBackend {
+    /// Generation in the trainer's process, from its own weights.
+    #[default]
+    Local,
+    /// Generation on inference servers (`rlreplay serve`, vLLM, SGLang).
+    Remote,
+}
+
+/// `[rollout] protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutProtocol {
+    /// vLLM's OpenAI-compatible `POST /v1/completions` with token-id prompts.
+    #[default]
+    #[serde(alias = "vllm")]
+    Openai,
+    /// SGLang's native `POST /generate`.
+    Sglang,
+}
+
+/// `[rollout] weight_sync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightSync {
+    /// After each update: the policy as an HF directory under `weights_dir` (a `STABLE` marker
+    /// written last), then `POST /update_weights_from_disk` on every endpoint.
+    #[default]
+    Disk,
+    /// The servers keep their weights (rows then carry no policy version).
+    None,
 }
 
 impl Default for RolloutSection {
@@ -383,6 +436,14 @@ impl Default for RolloutSection {
             top_k: 0,
             max_response_length: 8192,
             max_batch: 256,
+            backend: RolloutBackend::Local,
+            endpoints: Vec::new(),
+            protocol: RolloutProtocol::Openai,
+            weight_sync: WeightSync::Disk,
+            weights_dir: None,
+            request_timeout_s: 600.0,
+            retries: 3,
+            retry_backoff_s: 1.0,
         }
     }
 }
@@ -784,6 +845,21 @@ impl Config {
         }
         if r.n == 0 || r.max_response_length == 0 || r.max_batch == 0 {
             bail!("[rollout] n, max_response_length and max_batch must be at least 1");
+        }
+        if r.backend == RolloutBackend::Remote {
+            if r.endpoints.is_empty() {
+                bail!(
+                    "[rollout] backend = \"remote\" needs endpoints = [\"http://host:port\", ...]"
+                );
+            }
+            if let Some(e) = r.endpoints.iter().find(|e| !e.starts_with("http://")) {
+                bail!("[rollout] endpoints: {e:?} is not an http:// URL");
+            }
+            let timeout_ok = r.request_timeout_s > 0.0 && r.request_timeout_s.is_finite();
+            let backoff_ok = r.retry_backoff_s >= 0.0 && r.retry_backoff_s.is_finite();
+            if !(timeout_ok && backoff_ok) {
+                bail!("[rollout] request_timeout_s must be positive and retry_backoff_s >= 0");
+            }
         }
         let unit = |x: f64| x > 0.0 && x <= 1.0;
         if !unit(r.top_p) || !unit(self.validation.val_top_p) {

@@ -8,13 +8,17 @@
 //!
 //! - [`logged::LoggedSource`]: a logged rollout dataset read along a schedule (`rlreplay replay`).
 //! - [`online::OnlineSource`]: prompts drawn from a prompt set, rollouts sampled from the policy
-//!   being trained and scored by the reward dispatch (`rlreplay train`).
+//!   being trained and scored by the reward dispatch (`rlreplay train`), in this process or, with
+//!   `[rollout] backend = "remote"`, on inference servers ([`remote::Remote`]). The backend is a
+//!   setting of the online kind rather than a kind of its own: both read the same prompt, reward
+//!   and sampling keys, which the key partition of [`SourceKind::keys`] assigns to one front.
 //!
-//! A new source (generation on remote inference servers, say) is one more module here, one more
-//! [`SourceKind`] and a front; the trainer does not change.
+//! A new source is one more module here, one more [`SourceKind`] and a front; the trainer does
+//! not change.
 
 pub mod logged;
 pub mod online;
+pub mod remote;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -162,6 +166,14 @@ impl SourceKind {
                 "toy",
                 "rollout.n",
                 "rollout.top_p",
+                "rollout.backend",
+                "rollout.endpoints",
+                "rollout.protocol",
+                "rollout.weight_sync",
+                "rollout.weights_dir",
+                "rollout.request_timeout_s",
+                "rollout.retries",
+                "rollout.retry_backoff_s",
                 "batch.train_batch_size",
             ],
         }

@@ -1,5 +1,6 @@
 //! The online source: prompts drawn from a prompt set, `n` rollouts each sampled from the policy
-//! being trained, scored by the reward dispatch, and written as the step's shard of
+//! being trained (in this process, or on inference servers with `[rollout] backend = "remote"`,
+//! see [`super::remote`]), scored by the reward dispatch, and written as the step's shard of
 //! `RUN_DIR/rollouts` (so an online run is itself a replayable dataset).
 //!
 //! Every random choice derives from the seed and the step (the prompt order per epoch, one
@@ -22,8 +23,9 @@ use rlreplay_sampling::engine::{generate, Generation};
 use rlreplay_sampling::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
 
+use super::remote::{Remote, RemoteSamples};
 use super::{RolloutSource, RolloutStep, SourceContext, StepText};
-use crate::config::RolloutSection;
+use crate::config::{RolloutBackend, RolloutSection};
 use crate::prompts::{reward_of, training_prompts, Prompt, RewardFailure};
 use crate::rundir::Metrics;
 
@@ -97,6 +99,8 @@ pub struct OnlineSource {
     seed: u64,
     rewards: RewardDispatch,
     rollouts: PathBuf,
+    /// The inference servers, with `[rollout] backend = "remote"`.
+    remote: Option<Remote>,
     state: State,
 }
 
@@ -122,6 +126,8 @@ impl OnlineSource {
             seed: cfg.trainer.seed,
             rewards: cfg.reward.dispatch()?,
             rollouts: ctx.run_dir.join("rollouts"),
+            remote: (cfg.rollout.backend == RolloutBackend::Remote)
+                .then(|| Remote::new(&cfg.rollout, ctx.run_dir)),
             state: State::default(),
         })
     }
@@ -163,11 +169,25 @@ impl RolloutSource for OnlineSource {
             stop_ids: self.stop_ids.clone(),
             seed: step_seed(self.seed, step, 1),
         };
-        let decoder = Decoder::new(policy)?;
         let ids: Vec<Vec<u32>> = picks.iter().map(|&i| self.prompts[i].ids.clone()).collect();
         let t_gen = Instant::now();
-        let gens: Vec<Generation> = generate(&decoder, &ids, r.n, &params, r.max_batch, |_| {})?;
-        drop(decoder);
+        let (gens, versions) = match &mut self.remote {
+            None => {
+                let decoder = Decoder::new(policy)?;
+                let gens: Vec<Generation> =
+                    generate(&decoder, &ids, r.n, &params, r.max_batch, |_| {})?;
+                let versions = vec![Some(step - 1); gens.len()];
+                (gens, versions)
+            }
+            Some(remote) => {
+                remote.ensure_serving(step - 1, policy)?;
+                let RemoteSamples {
+                    generations,
+                    versions,
+                } = remote.generate(&ids, r.n, &params)?;
+                (generations, versions)
+            }
+        };
         metrics.insert("timing_s/gen".into(), t_gen.elapsed().as_secs_f64());
         let mut batch = RolloutBatch::empty(step as i64);
         let mut text = StepText::default();
@@ -210,7 +230,7 @@ impl RolloutSource for OnlineSource {
         write_shard(&self.rollouts, &batch).context("writing the step's rollouts")?;
         Ok(RolloutStep {
             truncated: gens.iter().map(|g| g.truncated).collect(),
-            policy_versions: vec![Some(step - 1); batch.len()],
+            policy_versions: versions,
             batch,
             text: Some(text),
             metrics,
@@ -218,9 +238,12 @@ impl RolloutSource for OnlineSource {
         })
     }
 
-    fn on_policy_updated(&mut self, _version: u64, _policy: &Model) -> Result<()> {
-        // The next step samples from the trainer's own weights.
-        Ok(())
+    fn on_policy_updated(&mut self, version: u64, policy: &Model) -> Result<()> {
+        match &mut self.remote {
+            // The next step samples from the trainer's own weights.
+            None => Ok(()),
+            Some(remote) => remote.sync(version, policy),
+        }
     }
 
     fn state(&self) -> serde_json::Value {

@@ -1,0 +1,481 @@
+//! Generation on inference servers (`[rollout] backend = "remote"`): `rlreplay serve`, vLLM or
+//! SGLang, spoken to over vLLM's `POST /v1/completions` or SGLang's `POST /generate` with token-id
+//! prompts.
+//!
+//! - **Spreading.** A step's prompts are cut into contiguous chunks, one per live endpoint, sent
+//!   at once. Each chunk carries the step's seed and the offset of its first sample
+//!   (`sample_stream_offset`), so on `rlreplay serve` every sample draws from the random stream it
+//!   would draw from in the trainer's own engine, whatever the number of endpoints.
+//! - **Failures.** A transport error, a 5xx, an aborted sample or an answer of the wrong shape is
+//!   retried on the same endpoint `retries` times with exponential backoff; then the endpoint is
+//!   dropped for the rest of the run and its chunk goes to the others. A 4xx (the server refuses
+//!   the request) stops the run at once with the server's message. When no endpoint is left the
+//!   step fails naming every endpoint and why, before anything of the step is trained or saved,
+//!   so the last checkpoint stays intact.
+//! - **Weight sync** (`weight_sync = "disk"`): the policy of version `v` is written as an HF
+//!   directory `weights_dir/step_v` (atomically: a temporary sibling renamed into place), then a
+//!   `STABLE` marker holding `v`, then every live endpoint is told
+//!   `POST /update_weights_from_disk {model_path, weight_version: "v"}`. An endpoint that fails
+//!   the update is dropped (it would serve stale weights). Older directories are removed once
+//!   every endpoint serves the new one. Before the first step the initial policy is sent the same
+//!   way, so the servers start from the trainer's weights.
+//! - **Versions.** Each sample records the version its endpoint served: SGLang's
+//!   `meta_info.weight_version` when it is a number, else the version the last sync installed.
+//!   With `weight_sync = "none"` versions are unknown.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rlreplay_model::Model;
+use rlreplay_sampling::engine::Generation;
+use rlreplay_sampling::sampling::SamplingParams;
+use rlreplay_serve::protocol::control::{UpdateWeightsFromDisk, UpdateWeightsResponse};
+use rlreplay_serve::protocol::openai::{parse_token_placeholder, CompletionRequest};
+use rlreplay_serve::protocol::sglang::{self, GenerateOutput, GenerateRequest};
+use rlreplay_serve::protocol::{OneOrMany, Prompt, STREAM_OFFSET_KEY};
+
+use crate::config::{RolloutProtocol, RolloutSection, WeightSync};
+
+/// The environment variable whose value is sent as `Authorization: Bearer` to every endpoint.
+pub const API_KEY_ENV: &str = "RLREPLAY_API_KEY";
+
+/// The marker written last into a weights directory: the directory is complete.
+pub const STABLE: &str = "STABLE";
+
+/// Why a request failed.
+enum Failure {
+    /// The server refused the request (4xx): retrying cannot help.
+    Refused(String),
+    /// The endpoint is unreachable, failing (5xx) or answered something unusable.
+    Down(String),
+}
+
+/// One inference server.
+struct Endpoint {
+    url: String,
+    /// Why it was dropped, once it was.
+    failure: Option<String>,
+}
+
+/// One sample as a server answered it: tokens, log-probs, finish reason, reported version.
+type Sample = (Vec<u32>, Vec<f32>, String, Option<u64>);
+
+/// The samples of a step as the servers returned them.
+pub struct RemoteSamples {
+    /// One per sample, prompt-major, as the trainer's own engine returns them.
+    pub generations: Vec<Generation>,
+    /// Per sample: the policy version that generated it, when known.
+    pub versions: Vec<Option<u64>>,
+}
+
+/// A client of a fleet of inference servers.
+pub struct Remote {
+    endpoints: Vec<Endpoint>,
+    protocol: RolloutProtocol,
+    weight_sync: WeightSync,
+    weights_dir: PathBuf,
+    agent: ureq::Agent,
+    api_key: Option<String>,
+    retries: u32,
+    backoff: Duration,
+    /// The version every live endpoint serves, once a sync installed it.
+    served: Option<u64>,
+}
+
+impl Remote {
+    /// A client of `[rollout] endpoints`; weights go under `weights_dir` (default
+    /// `RUN_DIR/weights`).
+    pub fn new(r: &RolloutSection, run_dir: &Path) -> Self {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs_f64(r.request_timeout_s))
+            .build();
+        Self {
+            endpoints: r
+                .endpoints
+                .iter()
+                .map(|u| Endpoint {
+                    url: u.trim_end_matches('/').to_string(),
+                    failure: None,
+                })
+                .collect(),
+            protocol: r.protocol,
+            weight_sync: r.weight_sync,
+            weights_dir: r
+                .weights_dir
+                .clone()
+                .unwrap_or_else(|| run_dir.join("weights")),
+            agent,
+            api_key: std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty()),
+            retries: r.retries,
+            backoff: Duration::from_secs_f64(r.retry_backoff_s),
+            served: None,
+        }
+    }
+
+    /// The endpoints still in use.
+    fn live(&self) -> Vec<usize> {
+        (0..self.endpoints.len())
+            .filter(|&i| self.endpoints[i].failure.is_none())
+            .collect()
+    }
+
+    /// The error once no endpoint is left.
+    fn none_left(&self) -> anyhow::Error {
+        let why: Vec<String> = self
+            .endpoints
+            .iter()
+            .map(|e| format!("{}: {}", e.url, e.failure.as_deref().unwrap_or("?")))
+            .collect();
+        anyhow::anyhow!(
+            "no rollout endpoint is left (the last checkpoint is intact; start the servers and \
+             continue with --resume): {}",
+            why.join("; ")
+        )
+    }
+
+    /// Sends the policy of `version` when the servers do not serve it yet (a fresh run, a
+    /// resume, or after [`Remote::sync`] was skipped).
+    pub fn ensure_serving(&mut self, version: u64, policy: &Model) -> Result<()> {
+        if self.weight_sync == WeightSync::Disk && self.served != Some(version) {
+            self.sync(version, policy)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the policy of `version` under `weights_dir` and has every live endpoint load it.
+    pub fn sync(&mut self, version: u64, policy: &Model) -> Result<()> {
+        if self.weight_sync == WeightSync::None {
+            return Ok(());
+        }
+        let dir = self.weights_dir.join(format!("step_{version}"));
+        policy
+            .save_hf(&dir)
+            .with_context(|| format!("writing the policy to {}", dir.display()))?;
+        let marker = dir.join(STABLE);
+        std::fs::write(&marker, format!("{version}\n"))
+            .with_context(|| format!("writing {}", marker.display()))?;
+        let path = std::path::absolute(&dir)
+            .with_context(|| format!("resolving {}", dir.display()))?
+            .to_string_lossy()
+            .into_owned();
+        let body = serde_json::to_value(UpdateWeightsFromDisk {
+            model_path: path,
+            weight_version: Some(version.to_string()),
+            ..Default::default()
+        })?;
+        for i in self.live() {
+            let url = format!("{}/update_weights_from_disk", self.endpoints[i].url);
+            let answer = self.retrying(|| {
+                let v = self.post(&url, &body)?;
+                let r: UpdateWeightsResponse = serde_json::from_value(v)
+                    .map_err(|e| Failure::Down(format!("{url}: unexpected answer: {e}")))?;
+                if r.success {
+                    Ok(())
+                } else {
+                    Err(Failure::Down(format!(
+                        "{url}: update failed: {}",
+                        r.message
+                    )))
+                }
+            });
+            match answer {
+                Ok(()) => {}
+                Err(Failure::Refused(m)) | Err(Failure::Down(m)) => {
+                    self.endpoints[i].failure = Some(m)
+                }
+            }
+        }
+        if self.live().is_empty() {
+            return Err(self.none_left());
+        }
+        self.served = Some(version);
+        if let Ok(entries) = std::fs::read_dir(&self.weights_dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let old = name
+                    .strip_prefix("step_")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|v| v != version);
+                if old {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` samples of each prompt, spread over the live endpoints (see the module docs).
+    pub fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        n: usize,
+        params: &SamplingParams,
+    ) -> Result<RemoteSamples> {
+        let mut done: Vec<Option<RemoteSamples>> = (0..prompts.len()).map(|_| None).collect();
+        // Ranges of prompts still to generate.
+        let mut todo = vec![(0, prompts.len())];
+        while !todo.is_empty() {
+            let live = self.live();
+            if live.is_empty() {
+                return Err(self.none_left());
+            }
+            let mut jobs = Vec::new();
+            for &(a, b) in &todo {
+                let parts = live.len().min(b - a).max(1);
+                for (k, &ep) in live.iter().take(parts).enumerate() {
+                    let (s, e) = (a + (b - a) * k / parts, a + (b - a) * (k + 1) / parts);
+                    jobs.push((ep, s, e));
+                }
+            }
+            let this = &*self;
+            let results: Vec<_> = std::thread::scope(|scope| {
+                let handles: Vec<_> = jobs
+                    .iter()
+                    .map(|&(ep, s, e)| {
+                        scope.spawn(move || this.generate_on(ep, &prompts[s..e], s, n, params))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Failure::Down("request thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            });
+            todo.clear();
+            for (&(ep, s, e), result) in jobs.iter().zip(results) {
+                match result {
+                    Ok(samples) => done[s] = Some(samples),
+                    Err(Failure::Refused(m)) => bail!("{m}"),
+                    Err(Failure::Down(m)) => {
+                        self.endpoints[ep].failure = Some(m);
+                        todo.push((s, e));
+                    }
+                }
+            }
+        }
+        let mut out = RemoteSamples {
+            generations: Vec::new(),
+            versions: Vec::new(),
+        };
+        for part in done.into_iter().flatten() {
+            out.generations.extend(part.generations);
+            out.versions.extend(part.versions);
+        }
+        Ok(out)
+    }
+
+    /// One chunk (prompts `first..first + prompts.len()` of the step) on endpoint `ep`.
+    fn generate_on(
+        &self,
+        ep: usize,
+        prompts: &[Vec<u32>],
+        first: usize,
+        n: usize,
+        p: &SamplingParams,
+    ) -> Result<RemoteSamples, Failure> {
+        let base = &self.endpoints[ep].url;
+        let offset = (first * n) as u64;
+        let extra = (offset > 0).then(|| {
+            let mut m = serde_json::Map::new();
+            m.insert(STREAM_OFFSET_KEY.into(), offset.into());
+            m
+        });
+        let top_k = if p.top_k == 0 { -1 } else { p.top_k as i64 };
+        let batch = Prompt::Batch(prompts.to_vec());
+        let (url, body) = match self.protocol {
+            RolloutProtocol::Openai => (
+                format!("{base}/v1/completions"),
+                serde_json::to_value(CompletionRequest {
+                    prompt: batch,
+                    n: Some(n),
+                    max_tokens: Some(p.max_new_tokens),
+                    temperature: Some(p.temperature),
+                    top_p: Some(p.top_p),
+                    top_k: Some(top_k),
+                    // vLLM's seed is a signed 64-bit integer: the bits travel unchanged.
+                    seed: Some(p.seed as i64),
+                    stop_token_ids: Some(p.stop_ids.clone()),
+                    logprobs: Some(0),
+                    return_tokens_as_token_ids: Some(true),
+                    return_token_ids: Some(true),
+                    vllm_xargs: extra,
+                    ..Default::default()
+                }),
+            ),
+            RolloutProtocol::Sglang => (
+                format!("{base}/generate"),
+                serde_json::to_value(GenerateRequest {
+                    input_ids: Some(batch),
+                    sampling_params: Some(OneOrMany::One(sglang::SamplingParams {
+                        max_new_tokens: Some(p.max_new_tokens),
+                        temperature: Some(p.temperature),
+                        top_p: Some(p.top_p),
+                        top_k: Some(top_k),
+                        n: Some(n),
+                        stop_token_ids: Some(p.stop_ids.clone()),
+                        sampling_seed: Some(p.seed),
+                        custom_params: extra,
+                        ..Default::default()
+                    })),
+                    return_logprob: Some(OneOrMany::One(true)),
+                    ..Default::default()
+                }),
+            ),
+        };
+        let body = body.map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
+        self.retrying(|| {
+            let v = self.post(&url, &body)?;
+            self.parse(&url, v, prompts.len(), first, n)
+        })
+    }
+
+    /// Runs `attempt` until it succeeds, is refused, or has failed `retries + 1` times, sleeping
+    /// `retry_backoff_s`, doubled each time, in between.
+    fn retrying<T>(&self, attempt: impl Fn() -> Result<T, Failure>) -> Result<T, Failure> {
+        let mut failures = 0u32;
+        loop {
+            match attempt() {
+                Err(Failure::Down(m)) if failures >= self.retries => return Err(Failure::Down(m)),
+                Err(Failure::Down(_)) => {
+                    std::thread::sleep(self.backoff * 2u32.saturating_pow(failures));
+                    failures += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// POSTs `body` once.
+    fn post(&self, url: &str, body: &serde_json::Value) -> Result<serde_json::Value, Failure> {
+        let mut req = self.agent.post(url);
+        if let Some(k) = &self.api_key {
+            req = req.set("Authorization", &format!("Bearer {k}"));
+        }
+        match req.send_json(body) {
+            Ok(resp) => resp
+                .into_json()
+                .map_err(|e| Failure::Down(format!("{url}: the answer is not JSON: {e}"))),
+            Err(ureq::Error::Status(code, resp)) => {
+                let text = resp.into_string().unwrap_or_default();
+                let text = text.trim();
+                Err(if code < 500 {
+                    Failure::Refused(format!(
+                        "{url} refused the request ({code}): {text} (does the server speak the \
+                         configured [rollout] protocol?)"
+                    ))
+                } else {
+                    Failure::Down(format!("{url}: {code}: {text}"))
+                })
+            }
+            Err(e) => Err(Failure::Down(format!("{url}: {e}"))),
+        }
+    }
+
+    /// Reads a generation answer for `count` prompts of `n` samples.
+    fn parse(
+        &self,
+        url: &str,
+        v: serde_json::Value,
+        count: usize,
+        first: usize,
+        n: usize,
+    ) -> Result<RemoteSamples, Failure> {
+        let bad = |what: String| Failure::Down(format!("{url}: {what}"));
+        let mut samples: Vec<Sample> = Vec::new();
+        match self.protocol {
+            RolloutProtocol::Openai => {
+                let r: rlreplay_serve::protocol::openai::CompletionResponse =
+                    serde_json::from_value(v)
+                        .map_err(|e| bad(format!("unexpected answer: {e}")))?;
+                for (i, c) in r.choices.into_iter().enumerate() {
+                    let lp = c
+                        .logprobs
+                        .ok_or_else(|| bad(format!("choice {i} has no logprobs")))?;
+                    let tokens = match c.token_ids {
+                        Some(t) => t,
+                        None => lp
+                            .tokens
+                            .iter()
+                            .map(|t| parse_token_placeholder(t))
+                            .collect::<Option<Vec<u32>>>()
+                            .ok_or_else(|| {
+                                bad(format!("choice {i}: tokens are not `token_id:N`"))
+                            })?,
+                    };
+                    let logprobs = lp
+                        .token_logprobs
+                        .iter()
+                        .map(|l| l.filter(|x| x.is_finite()))
+                        .collect::<Option<Vec<f32>>>()
+                        .ok_or_else(|| bad(format!("choice {i}: a log-prob is missing")))?;
+                    samples.push((tokens, logprobs, c.finish_reason.unwrap_or_default(), None));
+                }
+            }
+            RolloutProtocol::Sglang => {
+                let outs: Vec<GenerateOutput> = match v {
+                    serde_json::Value::Array(_) => serde_json::from_value(v),
+                    one => serde_json::from_value(one).map(|o| vec![o]),
+                }
+                .map_err(|e| bad(format!("unexpected answer: {e}")))?;
+                for (i, o) in outs.into_iter().enumerate() {
+                    let m = o.meta_info;
+                    let lp = m
+                        .output_token_logprobs
+                        .ok_or_else(|| bad(format!("output {i} has no output_token_logprobs")))?;
+                    let logprobs = lp
+                        .iter()
+                        .map(|e| e.0.filter(|x| x.is_finite()))
+                        .collect::<Option<Vec<f32>>>()
+                        .ok_or_else(|| bad(format!("output {i}: a log-prob is missing")))?;
+                    samples.push((
+                        o.output_ids,
+                        logprobs,
+                        m.finish_reason.map(|f| f.kind).unwrap_or_default(),
+                        m.weight_version.parse().ok(),
+                    ));
+                }
+            }
+        }
+        if samples.len() != count * n {
+            return Err(bad(format!(
+                "{} samples for {count} prompts of {n}",
+                samples.len()
+            )));
+        }
+        let mut out = RemoteSamples {
+            generations: Vec::with_capacity(samples.len()),
+            versions: Vec::with_capacity(samples.len()),
+        };
+        for (i, (tokens, logprobs, finish, reported)) in samples.into_iter().enumerate() {
+            if tokens.len() != logprobs.len() {
+                return Err(bad(format!(
+                    "sample {i}: {} tokens but {} log-probs",
+                    tokens.len(),
+                    logprobs.len()
+                )));
+            }
+            let truncated = match finish.as_str() {
+                "stop" => false,
+                "length" => true,
+                other => return Err(bad(format!("sample {i} ended with {other:?}"))),
+            };
+            out.generations.push(Generation {
+                prompt: first + i / n,
+                sample: i % n,
+                tokens,
+                logprobs,
+                truncated,
+            });
+            let version = match self.weight_sync {
+                WeightSync::None => None,
+                WeightSync::Disk => reported.or(self.served),
+            };
+            out.versions.push(version);
+        }
+        Ok(out)
+    }
+}
