@@ -174,3 +174,230 @@ fn configuration_errors_name_the_key() {
     let saved = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(saved.contains("lr = 0.002"), "{saved}");
 }
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The steps of a run's `metrics.jsonl`, in file order.
+fn logged_steps(run: &Path) -> Vec<u64> {
+    read_metrics(run, false)
+        .unwrap()
+        .iter()
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect()
+}
+
+/// A second process on a run directory in use is refused before it writes anything, naming the
+/// holder's pid; once the holder is gone the directory is free again.
+#[test]
+fn a_run_directory_in_use_is_refused_naming_the_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 2);
+    let out = tmp.path().join("run");
+    let out_s = out.to_string_lossy();
+    let lock = rlreplay_train::rundir::RunLock::acquire(&out).unwrap();
+    let holder = format!("pid {}", std::process::id());
+    for extra in [&[][..], &["--resume"][..]] {
+        let mut args = vec!["replay", "--config", &cfg, "--out", &out_s, "--quiet"];
+        args.extend_from_slice(extra);
+        let o = rlreplay(&args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            stderr(&o).contains("in use by another rlreplay process")
+                && stderr(&o).contains(&holder),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let written: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        written,
+        [rlreplay_train::rundir::LOCK],
+        "nothing else was written"
+    );
+    drop(lock);
+    let o = rlreplay(&["replay", "--config", &cfg, "--out", &out_s, "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(logged_steps(&out), [1, 2]);
+}
+
+/// Two fresh starts at once on one `--out` (two learning rates) and a `--resume` soon after: one
+/// run writes the directory, the others are refused; the metrics and the saved configuration are
+/// those of that one run.
+#[test]
+fn concurrent_starts_on_one_run_directory_leave_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let cfg = setup(tmp.path(), steps);
+    let out = tmp.path().join("run");
+    let out_s = out.to_string_lossy();
+    let start = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let lrs = ["1e-3", "5e-3"];
+    let sets: Vec<String> = lrs.iter().map(|lr| format!("optim.lr={lr}")).collect();
+    let runs: Vec<_> = sets
+        .iter()
+        .map(|set| {
+            start(&[
+                "replay", "--config", &cfg, "--out", &out_s, "--quiet", "--set", set,
+            ])
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let resume = start(&["replay", "--out", &out_s, "--resume", "--quiet"]);
+    let done: Vec<Output> = runs
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let resumed = resume.wait_with_output().unwrap();
+    let winners: Vec<usize> = (0..2).filter(|&i| done[i].status.success()).collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "{:?}",
+        done.iter().map(stderr).collect::<Vec<_>>()
+    );
+    let loser = &done[1 - winners[0]];
+    assert!(
+        stderr(loser).contains("in use by another rlreplay process (pid ")
+            || stderr(loser).contains("already holds a run"),
+        "{}",
+        stderr(loser)
+    );
+    if !resumed.status.success() {
+        let e = stderr(&resumed);
+        assert!(
+            e.contains("in use by another rlreplay process") || e.contains("config.toml"),
+            "{e}"
+        );
+    }
+    assert_eq!(logged_steps(&out), (1..=steps as u64).collect::<Vec<_>>());
+    let saved = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    let lr: f64 = lrs[winners[0]].parse().unwrap();
+    assert!(saved.contains(&format!("lr = {lr}")), "{saved}");
+}
+
+/// `--resume` with a changed configuration names the key that changed and both values.
+#[test]
+fn resume_with_a_changed_config_names_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 2);
+    let out = tmp.path().join("run");
+    let out_s = out.to_string_lossy();
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out_s,
+        "--quiet",
+        "--stop-after",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out_s,
+        "--quiet",
+        "--resume",
+        "--set",
+        "optim.lr=5e-3",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("optim.lr = 0.001 in the run, 0.005 now"),
+        "{}",
+        stderr(&o)
+    );
+    // What may change does not count.
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out_s,
+        "--quiet",
+        "--resume",
+        "--set",
+        "trainer.save_freq=2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(logged_steps(&out), [1, 2]);
+}
+
+/// `run.threads = 100000` used to start thousands of threads and hang: the request is capped to
+/// the machine's cores, with a warning.
+#[test]
+fn thread_counts_are_capped_to_the_cores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 1);
+    let out = tmp.path().join("run");
+    let out_s = out.to_string_lossy();
+    let t0 = Instant::now();
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out_s,
+        "--quiet",
+        "--set",
+        "run.threads=100000",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        stderr(&o).contains(&format!(
+            "100000 worker threads requested on a machine with {cores} cores: using {cores}"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(120));
+    let (threads, warning) = rlreplay_train::trainer::worker_threads(cores + 1, true);
+    assert_eq!((threads, warning), (cores + 1, None), "forced");
+    assert_eq!(rlreplay_train::trainer::worker_threads(0, false), (0, None));
+}
+
+/// A zero-row shard used to replay to a NaN loss with exit 0: the replay stops with an error
+/// naming the shard, and no NaN loss is logged.
+#[test]
+fn a_zero_row_shard_is_refused_instead_of_a_nan_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 2);
+    let data = tmp.path().join("data");
+    // Step 2's shard replaced by one with no rows.
+    let shard = data.join("step-0002.parquet");
+    std::fs::remove_file(&shard).unwrap();
+    let written =
+        rlreplay_data::write_shard(&data, &rlreplay_data::RolloutBatch::empty(2)).unwrap();
+    assert_eq!(written, shard);
+    let out = tmp.path().join("run");
+    let out_s = out.to_string_lossy();
+    let o = rlreplay(&["replay", "--config", &cfg, "--out", &out_s, "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("holds no rows") && e.contains("step-0002.parquet"),
+        "{e}"
+    );
+    for m in read_metrics(&out, false).unwrap() {
+        assert!(
+            m["actor/pg_loss"].as_f64().is_some_and(f64::is_finite),
+            "{m}"
+        );
+    }
+}

@@ -208,3 +208,40 @@ fn kill_minus_nine_then_resume_finishes_the_run() {
         .collect();
     assert_eq!(steps, (1..=8).collect::<Vec<_>>());
 }
+
+/// `total_training_steps = 0` (and `--stop-after 0`) is refused before the run directory is
+/// created, instead of exiting 0 and printing paths that do not exist.
+#[test]
+fn zero_steps_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = run.display().to_string();
+    let config = preset();
+    let o = rlreplay(&[
+        "train",
+        "--config",
+        &config,
+        "--out",
+        &out,
+        "--set",
+        "trainer.total_training_steps=0",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("total_training_steps = 0: must be at least 1"),
+        "{err}"
+    );
+    let o = rlreplay(&[
+        "train",
+        "--config",
+        &config,
+        "--out",
+        &out,
+        "--stop-after",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--stop-after"));
+    assert!(!run.exists());
+}

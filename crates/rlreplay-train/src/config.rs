@@ -684,8 +684,11 @@ pub struct TrainerSection {
     pub keep: usize,
     /// Seed of the trainer's own random choices (prompt order, sampling, group shuffling).
     pub seed: u64,
-    /// Worker threads (0 = every core).
+    /// Worker threads (0 = every core); more than the machine's cores are capped to them, with
+    /// a warning, unless `force_threads`.
     pub threads: usize,
+    /// Start `threads` worker threads even when the machine has fewer cores.
+    pub force_threads: bool,
     /// Run directory (`--out` overrides it).
     pub dir: Option<PathBuf>,
 }
@@ -698,6 +701,7 @@ impl Default for TrainerSection {
             keep: 1,
             seed: 0,
             threads: 0,
+            force_threads: false,
             dir: None,
         }
     }
@@ -770,7 +774,7 @@ impl Config {
                 }
             }
         }
-        let mut cfg: Config = toml::from_str(&toml::to_string(&doc)?)?;
+        let mut cfg = typed(text, &doc, overrides)?;
         cfg.source = source;
         cfg.resolve();
         cfg.validate()?;
@@ -955,6 +959,35 @@ impl Config {
         c.trainer.dir = None;
         c
     }
+}
+
+/// The configuration of the edited document `doc` (the file `text` with the `overrides` applied).
+/// A key or value the schema refuses is reported where it came from: the override that brought
+/// it, or the user's own file with its line (line numbers of the edited document would point
+/// nowhere in the file).
+fn typed(text: &str, doc: &toml::Table, overrides: &[String]) -> Result<Config> {
+    let merged = match toml::from_str::<Config>(&toml::to_string(doc)?) {
+        Ok(cfg) => return Ok(cfg),
+        Err(e) => e,
+    };
+    // Deserialized from the table rather than from text, an error names its key, not a line.
+    let de = |doc: &toml::Table| Config::deserialize(doc.clone());
+    let (file, moved) = edit_document(text, &[], MOVED)?;
+    if let Err(e) = de(&file) {
+        // The file's own text locates the error when no moved key changes it.
+        if moved.is_empty() {
+            if let Err(own) = toml::from_str::<Config>(text) {
+                return Err(own.into());
+            }
+        }
+        return Err(e.into());
+    }
+    for (i, o) in overrides.iter().enumerate() {
+        if let Err(e) = de(&edit_document(text, &overrides[..=i], MOVED)?.0) {
+            bail!("--set {o:?}: {}", e.to_string().trim_end());
+        }
+    }
+    Err(merged.into())
 }
 
 /// The value at a dotted `path` of a TOML document.
@@ -1158,6 +1191,29 @@ path = "d"
         assert!(format!("{e:#}").contains("section.key"), "{e:#}");
         let e = replay(BASE, &["algorithm.adv_estimator=nope"]).unwrap_err();
         assert!(format!("{e:#}").contains("adv_estimator"), "{e:#}");
+    }
+
+    /// A type error is reported where the value came from: an override names itself, not a
+    /// line of the edited document; an error in the file quotes the user's own line.
+    #[test]
+    fn type_errors_name_their_origin() {
+        let e = format!(
+            "{:#}",
+            replay(BASE, &["optim.lr=1e-5", "batch.ppo_epochs=\"two\""]).unwrap_err()
+        );
+        assert!(
+            e.contains("--set \"batch.ppo_epochs=\\\"two\\\"\"") && e.contains("ppo_epochs"),
+            "{e}"
+        );
+        assert!(!e.contains("line"), "{e}");
+        // Line 7 of the user's file, whatever the overrides add to the document.
+        let text = format!("{BASE}[optim]\nlr = \"fast\"\n");
+        let e = format!("{:#}", replay(&text, &["trainer.seed=3"]).unwrap_err());
+        assert!(e.contains("line 7") && e.contains("lr = \"fast\""), "{e}");
+        // With a moved key the file's lines shift: the error names the key instead.
+        let text = format!("{BASE}[run]\nseed = 1\n[optim]\nlr = \"fast\"\n");
+        let e = format!("{:#}", replay(&text, &[]).unwrap_err());
+        assert!(e.contains("optim.lr") && e.contains("string"), "{e}");
     }
 
     #[test]

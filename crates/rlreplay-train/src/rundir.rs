@@ -3,6 +3,7 @@
 //! policy, and the published results.
 //!
 //! ```text
+//! RUN_DIR/.rlreplay.lock                      the writer's lock and pid (see [`RunLock`])
 //! RUN_DIR/config.toml                         resolved configuration
 //! RUN_DIR/run.log                             one line per step, validation and checkpoint
 //! RUN_DIR/metrics.jsonl                       one object per trainer step
@@ -121,10 +122,68 @@ pub fn refuse_existing_run(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// File of a run directory's lock; it holds the pid of the process holding the lock.
+pub const LOCK: &str = ".rlreplay.lock";
+
+/// The exclusive lock of a run directory, held while the value lives: an OS file lock
+/// (`flock`, `LockFileEx`) that the OS releases when its holder exits or is killed, so a stale lock
+/// never blocks. Every writer of a run directory (fresh start, `--resume`) takes it before
+/// anything else is written there.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+}
+
+impl RunLock {
+    /// Creates `dir` when missing and takes its lock. While another process holds it, the error
+    /// names that process's pid.
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+        let path = dir.join(LOCK);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open the run directory's lock {}", path.display()))?;
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => {}
+            Err(fs4::TryLockError::WouldBlock) => {
+                // The holder writes its pid right after taking the lock.
+                let mut holder = None;
+                for _ in 0..20 {
+                    holder = fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok());
+                    if holder.is_some() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                bail!(
+                    "{} is in use by another rlreplay process ({}): wait for it to finish or \
+                     choose another --out",
+                    dir.display(),
+                    holder.map_or("pid unknown".to_string(), |p| format!("pid {p}"))
+                );
+            }
+            Err(fs4::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+        file.set_len(0)?;
+        writeln!(file, "{}", std::process::id())?;
+        file.sync_all()?;
+        Ok(Self { _file: file })
+    }
+}
+
 /// On `--resume`: the configuration saved in `dir/config.toml` (read with `parse`) must equal
 /// `current` once `comparable` has cleared what may change between sessions (`may_change`
-/// names it in the error).
-pub fn check_resumed_config<T: PartialEq>(
+/// names it in the error, with every key that differs and its two values).
+pub fn check_resumed_config<T: PartialEq + serde::Serialize>(
     dir: &Path,
     current: &T,
     parse: impl Fn(&str) -> Result<T>,
@@ -139,13 +198,56 @@ pub fn check_resumed_config<T: PartialEq>(
     let saved = fs::read_to_string(&path)
         .with_context(|| format!("--resume: cannot read {}", path.display()))?;
     let saved = parse(&saved).with_context(|| format!("--resume: {}", path.display()))?;
-    if comparable(&saved) != comparable(current) {
+    let (saved, current) = (comparable(&saved), comparable(current));
+    if saved != current {
+        let mut changed = Vec::new();
+        changed_keys(
+            &serde_json::to_value(&saved)?,
+            &serde_json::to_value(&current)?,
+            "",
+            &mut changed,
+        );
+        if changed.is_empty() {
+            changed.push("a value that compares unequal to itself".into());
+        }
         bail!(
-            "--resume: the configuration differs from the run's {} (only {may_change} may change)",
-            path.display()
+            "--resume: the configuration differs from the run's {}: {} (only {may_change} may \
+             change)",
+            path.display(),
+            changed.join("; ")
         );
     }
     Ok(())
+}
+
+/// Every dotted key whose value differs between `saved` and `now`, as `key = SAVED in the run,
+/// NOW now`.
+fn changed_keys(
+    saved: &serde_json::Value,
+    now: &serde_json::Value,
+    prefix: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (saved, now) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                let (x, y) = (
+                    a.get(k).unwrap_or(&Value::Null),
+                    b.get(k).unwrap_or(&Value::Null),
+                );
+                changed_keys(x, y, &key, out);
+            }
+        }
+        (a, b) if a != b => out.push(format!("{prefix} = {a} in the run, {b} now")),
+        _ => {}
+    }
 }
 
 /// An open run directory.

@@ -61,9 +61,11 @@ pub struct StepText {
 }
 
 impl RolloutStep {
-    /// Checks that every per-row field has one entry per row.
+    /// Checks that the step has rows and that every per-row field has one entry per row.
     pub fn check(&self) -> Result<()> {
         let n = self.batch.len();
+        // An empty step has no loss to take the mean of (it would train on NaN).
+        ensure!(n > 0, "{}: the step has no rows to train on", self.origin);
         let text = self
             .text
             .as_ref()

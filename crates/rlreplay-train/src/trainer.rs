@@ -26,7 +26,7 @@ use crate::context::rollout_teacher_prompts;
 use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
     check_resumed_config, latest_checkpoint, refuse_existing_run, write_atomic, Metrics,
-    Provenance, RunDir, TRAINER_STATE,
+    Provenance, RunDir, RunLock, TRAINER_STATE,
 };
 use crate::schedule::step_rng;
 use crate::source::{RolloutSource, RolloutStep, SourceContext, SourceKind};
@@ -117,15 +117,40 @@ pub struct TrainerState {
 
 /// Runs (or resumes) a training run on `opts.config.trainer.threads` worker threads.
 pub fn run(opts: &RunOptions) -> Result<RunSummary> {
-    with_threads(opts.config.trainer.threads, || {
+    let t = &opts.config.trainer;
+    with_threads(t.threads, t.force_threads, || {
         Trainer::new(opts)?.run(opts.stop_after, opts.progress)
     })
 }
 
-/// Runs `f` on a pool of `threads` worker threads (0: the default pool over every core). The
-/// process environment is left alone: every kernel runs inside the pool, whose size bounds the
-/// parallelism whatever split a kernel chooses.
-pub fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+/// The worker threads to start for a request of `threads` (0: the default pool over every
+/// core): at most the machine's cores unless `force` (more threads than cores only contend), and
+/// the warning to give when the request was capped.
+pub fn worker_threads(threads: usize, force: bool) -> (usize, Option<String>) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > cores && !force {
+        let warning = format!(
+            "{threads} worker threads requested on a machine with {cores} cores: using {cores} \
+             (force it with [trainer] force_threads = true or --force-threads)"
+        );
+        (cores, Some(warning))
+    } else {
+        (threads, None)
+    }
+}
+
+/// Runs `f` on a pool of worker threads ([`worker_threads`]; the warning of a capped request
+/// goes to stderr). The process environment is left alone: every kernel runs inside the pool,
+/// whose size bounds the parallelism whatever split a kernel chooses.
+pub fn with_threads<T: Send>(
+    threads: usize,
+    force: bool,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
+    let (threads, warning) = worker_threads(threads, force);
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
     if threads == 0 {
         return f();
     }
@@ -197,6 +222,8 @@ pub struct Trainer {
     validator: Option<Validator>,
     state: TrainerState,
     run: RunDir,
+    /// The run directory's lock, held for the life of the trainer.
+    _lock: RunLock,
 }
 
 impl Trainer {
@@ -208,6 +235,7 @@ impl Trainer {
         let cfg = opts.config.clone();
         cfg.validate()?;
         let out = &opts.out;
+        let lock = RunLock::acquire(out)?;
         let resume_from = if opts.resume {
             let kind = cfg.source;
             let parse = |t: &str| Config::parse(t, &[], kind);
@@ -372,6 +400,7 @@ impl Trainer {
             validator,
             state,
             run,
+            _lock: lock,
         };
         t.run.log(&format!(
             "{} at step {} of {}{}",

@@ -32,7 +32,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub resume: bool,
     /// Stop after this trainer step (a checkpoint is written); continue later with --resume.
-    #[arg(long, value_name = "STEP")]
+    #[arg(long, value_name = "STEP", value_parser = clap::value_parser!(u64).range(1..))]
     pub stop_after: Option<u64>,
 }
 

@@ -82,6 +82,10 @@ pub struct PolicyArgs {
     /// Worker threads; 0 uses every core.
     #[arg(long, default_value_t = 0, requires = "policy")]
     pub threads: usize,
+    /// Start --threads worker threads even when the machine has fewer cores (else capped to
+    /// them, with a warning).
+    #[arg(long, requires = "policy")]
+    pub force_threads: bool,
 }
 
 impl PolicyArgs {
@@ -241,7 +245,7 @@ struct SummaryLine<'a> {
 pub fn run(args: Args) -> Result<ExitCode> {
     let p = &args.policy;
     let policy = p.policy.clone().context("--policy is required")?;
-    with_threads(p.threads, || audit(&args, &policy))
+    with_threads(p.threads, p.force_threads, || audit(&args, &policy))
 }
 
 fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
