@@ -380,7 +380,7 @@ fn a_zero_row_shard_is_refused_instead_of_a_nan_loss() {
     let cfg = setup(tmp.path(), 2);
     let data = tmp.path().join("data");
     // Step 2's shard replaced by one with no rows.
-    let shard = data.join("step-0002.parquet");
+    let shard = data.join("data/step-0002.parquet");
     std::fs::remove_file(&shard).unwrap();
     let written =
         rlreplay_data::write_shard(&data, &rlreplay_data::RolloutBatch::empty(2)).unwrap();
