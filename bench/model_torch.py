@@ -2,8 +2,9 @@
 initialised transformers Qwen3ForCausalLM (eager attention, float32, CPU) on the same shapes as
 the rlreplay bench (`cargo bench -p rlreplay-model --bench model`).
 
-Usage: python bench/model_torch.py {tiny|small} [THREADS] [ITERS]
-The objective is the mean next-token log-prob of every position, as on the Rust side.
+Usage: python bench/model_torch.py {tiny|small|gemm} [THREADS] [ITERS]
+The objective is the mean next-token log-prob of every position, as on the Rust side. `gemm`
+times torch.mm (f32) on the shapes of the Rust side's `gemm` mode instead.
 """
 
 import statistics
@@ -23,9 +24,35 @@ CONFIGS = {
 }
 
 
+GEMM_SHAPES = [  # (name, m, k, n, a transposed, b transposed)
+    ("square", 2048, 2048, 2048, False, False),
+    ("x·Wt up/gate", 2048, 1024, 3072, False, True),
+    ("x·Wt down", 2048, 3072, 1024, False, True),
+    ("dy·W (grad x)", 2048, 3072, 1024, False, False),
+    ("dyt·x (grad W)", 3072, 2048, 1024, True, False),
+]
+
+
+def gemm(threads, iters):
+    for name, m, k, n, at, bt in GEMM_SHAPES:
+        a = torch.rand(k, m).t() if at else torch.rand(m, k)
+        b = torch.rand(n, k).t() if bt else torch.rand(k, n)
+        out = torch.empty(m, n)
+        best = float("inf")
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+        print(f"torch gemm f32 threads={threads} shape={name!r} m={m} k={k} n={n} "
+              f"ms={best * 1e3:.1f} gflop_s={2 * m * k * n / best / 1e9:.1f}")
+
+
 def main():
     name = sys.argv[1] if len(sys.argv) > 1 else "tiny"
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    if name == "gemm":
+        torch.set_num_threads(threads)
+        return gemm(threads, int(sys.argv[3]) if len(sys.argv) > 3 else 5)
     iters = int(sys.argv[3]) if len(sys.argv) > 3 else (5 if name == "tiny" else 2)
     torch.set_num_threads(threads)
     torch.manual_seed(0)

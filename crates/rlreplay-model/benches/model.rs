@@ -9,7 +9,12 @@
 //!   the peak resident memory of the process;
 //! - `recompute-rss [on|off]`: one forward+backward of a 4096-token sequence through 8 layers
 //!   (hidden 256, MLP 768, 4/2 heads of 64, vocab 8192) with per-layer activation recompute on or
-//!   off, then the time and the peak resident memory of the process (run each in its own process).
+//!   off, then the time and the peak resident memory of the process (run each in its own process);
+//! - `gemm [ITERS]`: the f32 matrix-multiply peak of the `gemm` crate the kernels and candle use,
+//!   at `RAYON_NUM_THREADS` threads, on a square shape and the shapes of a Qwen3-0.6B layer;
+//! - `layer [ITERS]`: forward+backward of one Qwen3-0.6B-shaped decoder layer (hidden 1024, MLP
+//!   3072, 16/8 heads of 128) on 4 × 512 packed tokens, with a 1024-token vocabulary, in GFLOP/s
+//!   of useful work (`6 × tokens × weights` plus `12 × D` per causal query-key pair and head).
 
 use candle_core::{DType, Device, Tensor};
 use rlreplay_model::{ops, Model, ModelConfig, SeqPair};
@@ -156,6 +161,124 @@ fn recompute_rss(on: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Best time of `iters` calls of `f` in seconds.
+fn best_secs(iters: usize, mut f: impl FnMut()) -> f64 {
+    (0..iters.max(1))
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn gemm_peak(iters: usize) -> anyhow::Result<()> {
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // (name, m, k, n, a transposed, b transposed): dst[m, n] = a[m, k] · b[k, n].
+    let shapes = [
+        ("square", 2048, 2048, 2048, false, false),
+        ("x·Wt up/gate", 2048, 1024, 3072, false, true),
+        ("x·Wt down", 2048, 3072, 1024, false, true),
+        ("dy·W (grad x)", 2048, 3072, 1024, false, false),
+        ("dyt·x (grad W)", 3072, 2048, 1024, true, false),
+    ];
+    for (name, m, k, n, at, bt) in shapes {
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+        let mut dst = vec![0f32; m * n];
+        // Row/column strides of a row-major [m, k] (or its transpose stored as [k, m]).
+        let (a_cs, a_rs) = if at { (m as isize, 1) } else { (1, k as isize) };
+        let (b_cs, b_rs) = if bt { (k as isize, 1) } else { (1, n as isize) };
+        let secs = best_secs(iters, || {
+            // SAFETY: the three buffers hold m·k, k·n and m·n elements and the strides describe
+            // row-major matrices (or their transposes) of exactly those sizes.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    a_cs,
+                    a_rs,
+                    b.as_ptr(),
+                    b_cs,
+                    b_rs,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        });
+        println!(
+            "rlreplay gemm f32 threads={threads} shape={name:?} m={m} k={k} n={n} ms={:.1} \
+             gflop_s={:.1}",
+            secs * 1e3,
+            2.0 * (m * k * n) as f64 / secs / 1e9
+        );
+    }
+    Ok(())
+}
+
+fn bench_layer(iters: usize) -> anyhow::Result<()> {
+    let cfg = ModelConfig {
+        vocab_size: 1024,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_hidden_layers: 1,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        ..ModelConfig::tiny()
+    };
+    let (seqs, len) = (4, 512);
+    let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let layer_weights = h * hq * d * 2 + h * hkv * d * 2 + 3 * h * i;
+    let tokens = seqs * len;
+    let pairs_per_head = seqs * len * (len + 1) / 2;
+    let layer_flop =
+        6.0 * (tokens * layer_weights) as f64 + 12.0 * (d * hq * pairs_per_head) as f64;
+    let head_flop = 6.0 * (seqs * (len - 1) * cfg.vocab_size * h) as f64;
+    let vocab = cfg.vocab_size;
+    let mut model = Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
+    let ids: Vec<Vec<u32>> = (0..seqs).map(|b| token_ids(len, vocab, b as u64)).collect();
+    let pairs: Vec<SeqPair<'_>> = ids.iter().map(|s| SeqPair::new(&s[..1], &s[1..])).collect();
+    let n_targets = seqs * (len - 1);
+    let grad = vec![1.0 / n_targets as f64; n_targets];
+    let mut times = Vec::new();
+    for it in 0..=iters {
+        model.zero_grad();
+        let t0 = Instant::now();
+        model.forward_backward(&pairs, &grad, 1.0)?;
+        if it > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let secs = median(times);
+    println!(
+        "rlreplay layer hidden={h} mlp={i} heads={hq}/{hkv}x{d} tokens={tokens} threads={} \
+         fwd_bwd_ms={:.1} layer_gflop={:.1} head_gflop={:.1} gflop_s={:.1}",
+        rayon::current_num_threads(),
+        secs * 1e3,
+        layer_flop / 1e9,
+        head_flop / 1e9,
+        (layer_flop + head_flop) / secs / 1e9
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     // `cargo bench` appends `--bench`; ignore flags.
     let args: Vec<String> = std::env::args()
@@ -174,13 +297,15 @@ fn main() -> anyhow::Result<()> {
         "tiny" => bench_model("tiny", ModelConfig::tiny(), iters(5)?),
         "small" => bench_model("small", small_config(), iters(2)?),
         "logprobs-rss" => logprobs_rss(),
+        "gemm" => gemm_peak(iters(5)?),
+        "layer" => bench_layer(iters(3)?),
         "recompute-rss" => match args.get(1).map(String::as_str) {
             Some("on") => recompute_rss(true),
             Some("off") | None => recompute_rss(false),
             Some(other) => anyhow::bail!("recompute-rss takes on or off, got {other:?}"),
         },
         other => anyhow::bail!(
-            "unknown mode {other:?} (tiny, small, logprobs-rss, recompute-rss [on|off])"
+            "unknown mode {other:?} (tiny, small, logprobs-rss, recompute-rss [on|off], gemm, layer)"
         ),
     }
 }

@@ -78,11 +78,9 @@ impl PackedAttention {
                 let m = seen
                     .iter()
                     .fold(T::neg_infinity(), |m, &x| num_traits::Float::max(m, x));
-                let mut sum = T::zero();
-                for x in seen.iter_mut() {
-                    *x = (*x - m).exp();
-                    sum += *x;
-                }
+                seen.iter_mut().for_each(|x| *x -= m);
+                T::exp_in_place(seen);
+                let sum: T = seen.iter().copied().sum();
                 let inv = sum.recip();
                 seen.iter_mut().for_each(|x| *x *= inv);
                 masked.fill(T::zero());
@@ -160,11 +158,13 @@ impl PackedAttention {
                     let di: T = orow.iter().zip(grow).map(|(&a, &b)| a * b).sum();
                     let prow = &mut p[r * nk..(r + 1) * nk];
                     let dsrow = &mut dp[r * nk..(r + 1) * nk];
-                    for j in 0..=i {
-                        prow[j] = (prow[j] - l).exp();
-                        dsrow[j] = prow[j] * (dsrow[j] - di);
+                    let (seen, masked) = prow.split_at_mut(i + 1);
+                    seen.iter_mut().for_each(|x| *x -= l);
+                    T::exp_in_place(seen);
+                    for (ds, &p) in dsrow.iter_mut().zip(seen.iter()) {
+                        *ds = p * (*ds - di);
                     }
-                    prow[i + 1..].fill(T::zero());
+                    masked.fill(T::zero());
                     dsrow[i + 1..].fill(T::zero());
                 }
                 let pm = MatRef::rows(&p, 0, br, nk, nk);

@@ -90,22 +90,25 @@ impl TokenLogProbs {
                 logits[..rows * cols]
                     .par_chunks(cols)
                     .zip(state.par_iter_mut().zip(targets))
-                    .for_each(|(z, (st, &tgt))| {
+                    .for_each_init(Vec::new, |e, (z, (st, &tgt))| {
                         let bmax = z
                             .iter()
                             .fold(T::neg_infinity(), |m, &x| num_traits::Float::max(m, x));
                         let m = num_traits::Float::max(st.max, bmax);
                         let rescale = (st.max - m).exp();
+                        // e = exp(z - m), vectorised.
+                        e.clear();
+                        e.extend(z.iter().map(|&x| x - m));
+                        T::exp_in_place(e);
                         let (mut s, mut sz) = (T::zero(), T::zero());
                         if self.entropy {
-                            for &x in z {
-                                let e = (x - m).exp();
+                            for (&e, &x) in e.iter().zip(z) {
                                 s += e;
                                 sz += e * x;
                             }
                         } else {
-                            for &x in z {
-                                s += (x - m).exp();
+                            for &e in e.iter() {
+                                s += e;
                             }
                         }
                         st.sum = st.sum * rescale + s;
@@ -166,18 +169,22 @@ impl TokenLogProbs {
                 dz[..rows * cols]
                     .par_chunks_mut(cols)
                     .zip(g.par_chunks(COLS).zip(r.par_chunks(COLS)).zip(targets))
-                    .for_each(|(z, ((g, r), &tgt))| {
+                    .for_each_init(Vec::new, |p, (z, ((g, r), &tgt))| {
                         let (gl, lse) = (g[COL_LOGP], r[COL_LSE]);
+                        // z becomes the log-probs, p their exp (vectorised).
+                        z.iter_mut().for_each(|x| *x -= lse);
+                        p.clear();
+                        p.extend_from_slice(z);
+                        T::exp_in_place(p);
                         if has_entropy_grad {
                             let (ge, ent) = (g[COL_ENTROPY], r[COL_ENTROPY]);
-                            for x in z.iter_mut() {
-                                let lp = *x - lse;
-                                let p = lp.exp();
+                            for (x, &p) in z.iter_mut().zip(p.iter()) {
+                                let lp = *x;
                                 *x = -(gl * p + ge * p * (lp + ent)) * inv_t;
                             }
                         } else {
-                            for x in z.iter_mut() {
-                                *x = -(gl * (*x - lse).exp()) * inv_t;
+                            for (x, &p) in z.iter_mut().zip(p.iter()) {
+                                *x = -(gl * p) * inv_t;
                             }
                         }
                         let t = tgt as usize;

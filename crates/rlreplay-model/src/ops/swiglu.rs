@@ -11,9 +11,13 @@ pub(crate) struct SwiGlu;
 /// Elements per parallel task.
 const TASK: usize = 1 << 14;
 
-#[inline]
-fn sigmoid<T: Real>(x: T) -> T {
-    (T::one() + (-x).exp()).recip()
+/// `out = sigmoid(g) = 1 / (1 + exp(-g))` elementwise.
+fn sigmoid<T: Real>(out: &mut [T], g: &[T]) {
+    for (o, &g) in out.iter_mut().zip(g) {
+        *o = -g;
+    }
+    T::exp_in_place(out);
+    out.iter_mut().for_each(|o| *o = (T::one() + *o).recip());
 }
 
 fn fwd<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
@@ -21,8 +25,9 @@ fn fwd<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
     out.par_chunks_mut(TASK)
         .zip(gate.par_chunks(TASK).zip(up.par_chunks(TASK)))
         .for_each(|(o, (g, u))| {
+            sigmoid(o, g);
             for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g * sigmoid(g) * u;
+                *o = g * *o * u;
             }
         });
     out
@@ -39,8 +44,10 @@ fn bwd<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> (Vec<T>, Vec<T>) {
                 .zip(grad.par_chunks(TASK)),
         )
         .for_each(|((dg, du), ((g, u), go))| {
+            // du holds the sigmoid until it is overwritten.
+            sigmoid(du, g);
             for i in 0..g.len() {
-                let s = sigmoid(g[i]);
+                let s = du[i];
                 let silu = g[i] * s;
                 du[i] = go[i] * silu;
                 dg[i] = go[i] * u[i] * s * (T::one() + g[i] * (T::one() - s));
