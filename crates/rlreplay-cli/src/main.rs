@@ -51,6 +51,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: no other thread exists yet.
+    unsafe { rlreplay_model::keep_candle_elementwise_on_caller() };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Audit(a) => commands::audit::run(a),

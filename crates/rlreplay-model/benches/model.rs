@@ -280,6 +280,8 @@ fn bench_layer(iters: usize) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // SAFETY: no other thread exists yet.
+    unsafe { rlreplay_model::keep_candle_elementwise_on_caller() };
     // `cargo bench` appends `--bench`; ignore flags.
     let args: Vec<String> = std::env::args()
         .skip(1)

@@ -72,3 +72,20 @@ pub enum Error {
 
 /// Result type of the model crate.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Runs candle's elementwise CPU ops on the calling thread (`CANDLE_NUM_THREADS=1`) unless the
+/// environment already sets `CANDLE_NUM_THREADS`. candle's own pool for them busy-waits between
+/// ops and so competes with the rayon threads of the matrix multiplies and of this crate's
+/// kernels; on two cores it took most of the time of a small model's training step. Call it
+/// first thing in `main`.
+///
+/// # Safety
+///
+/// It sets an environment variable, so no other thread may read or write the environment while
+/// it runs: call it before spawning any thread.
+pub unsafe fn keep_candle_elementwise_on_caller() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: the caller guarantees that no other thread touches the environment.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+}
