@@ -2,7 +2,8 @@
 //! (the row's index in its shard) so that it joins with the dataset.
 //!
 //! Columns: `uid`, `step`, `row`, `score`, `success`, `response_length`, `response_truncated`
-//! (cut by the length limit), `seq_log_ratio` (`Σδ`), `mean_log_ratio`, `max_token_log_ratio`,
+//! (cut by the length limit), `policy_version` (the version of the weights that generated the
+//! row; null when the dataset does not record it), `seq_log_ratio` (`Σδ`), `mean_log_ratio`, `max_token_log_ratio`,
 //! `min_token_log_ratio`, `seq_weight`, `geo_weight`, `kl_k1`, `kl_k3` (row means); per threshold
 //! `C` (written with `_` for `.`, e.g. `1_5`): `tokens_above_C`, `tokens_below_C` (tokens whose
 //! weight is above `C` / below the lower bound), `seq_above_C`, `seq_below_C`, `geo_above_C`,
@@ -64,6 +65,7 @@ impl RowsWriter {
             Field::new("success", DataType::Boolean, false),
             Field::new("response_length", DataType::Int64, false),
             Field::new("response_truncated", DataType::Boolean, false),
+            Field::new("policy_version", DataType::Int64, true),
         ];
         for n in [
             "seq_log_ratio",
@@ -151,6 +153,12 @@ impl RowsWriter {
             boolean(&|r| r.success),
             int(&|_, r| r.tokens as i64),
             boolean(&|r| r.truncated),
+            Arc::new(
+                batch.policy_version[..n]
+                    .iter()
+                    .map(|v| v.and_then(|v| i64::try_from(v).ok()))
+                    .collect::<Int64Array>(),
+            ),
             float(&|r| r.seq_log_ratio),
             float(&|r| r.mean_log_ratio),
             float(&|r| r.max_token_log_ratio),

@@ -37,6 +37,9 @@ pub struct RolloutBatch {
     pub temperature: Vec<Option<f32>>,
     /// Nucleus-sampling threshold of each row, when stored.
     pub top_p: Vec<Option<f32>>,
+    /// Policy version (trainer step of the weights) that generated each row, when known: a shard
+    /// without the `policy_version` column, or a null, is unknown, never version 0.
+    pub policy_version: Vec<Option<u64>>,
 }
 
 impl RolloutBatch {
@@ -83,6 +86,7 @@ impl RolloutBatch {
         self.ground_truth.push(ground_truth.map(str::to_owned));
         self.temperature.push(temperature);
         self.top_p.push(top_p);
+        self.policy_version.push(None);
     }
 
     /// Number of rows.
@@ -149,6 +153,7 @@ impl RolloutBatch {
             ground_truth: Vec::with_capacity(rows.len()),
             temperature: Vec::with_capacity(rows.len()),
             top_p: Vec::with_capacity(rows.len()),
+            policy_version: Vec::with_capacity(rows.len()),
         };
         out.prompt_offsets.push(0);
         out.response_offsets.push(0);
@@ -164,6 +169,7 @@ impl RolloutBatch {
             out.ground_truth.push(self.ground_truth[i].clone());
             out.temperature.push(self.temperature[i]);
             out.top_p.push(self.top_p[i]);
+            out.policy_version.push(self.policy_version[i]);
         }
         out
     }

@@ -254,6 +254,7 @@ struct Columns {
     ground_truth: Option<String>,
     temperature: Option<String>,
     top_p: Option<String>,
+    policy_version: Option<String>,
     masks: Vec<String>,
 }
 
@@ -342,6 +343,7 @@ fn resolve(path: &Path, schema: &Schema) -> Result<Columns> {
         ground_truth: lookup(&["ground_truth"], false, &is_string, "a string")?,
         temperature: lookup(&["temperature"], false, &is_float, "a float")?,
         top_p: lookup(&["top_p"], false, &is_float, "a float")?,
+        policy_version: lookup(&["policy_version"], false, &is_int, "an integer")?,
         masks,
     })
 }
@@ -355,6 +357,7 @@ struct Decoded {
     ground_truth: Vec<Option<String>>,
     temperature: Vec<Option<f32>>,
     top_p: Vec<Option<f32>>,
+    policy_version: Vec<Option<u64>>,
     prompt: Vec<u32>,
     prompt_offsets: Vec<usize>,
     response: Vec<u32>,
@@ -384,6 +387,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
         .chain(&cols.ground_truth)
         .chain(&cols.temperature)
         .chain(&cols.top_p)
+        .chain(&cols.policy_version)
         .chain(&cols.masks)
         .map(String::as_str)
         .collect();
@@ -443,6 +447,7 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
             ground_truth: Vec::with_capacity(cap),
             temperature: Vec::with_capacity(cap),
             top_p: Vec::with_capacity(cap),
+            policy_version: Vec::with_capacity(cap),
             prompt,
             prompt_offsets,
             response: Vec::new(),
@@ -494,6 +499,20 @@ fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Resul
                     Some(n) => opt_floats(col(n), out),
                     None => out.resize(base + b.num_rows(), None),
                 }
+            }
+            match &cols.policy_version {
+                // A null or negative version is unknown, as is a shard without the column.
+                Some(n) => {
+                    let c = col(n);
+                    d.policy_version.extend((0..c.len()).map(|r| {
+                        (!c.is_null(r))
+                            .then(|| number_at(c, r))
+                            .flatten()
+                            .filter(|&v| v >= 0.0)
+                            .map(|v| v as u64)
+                    }))
+                }
+                None => d.policy_version.resize(base + b.num_rows(), None),
             }
             for (name, out) in &mut d.masks {
                 mask_rows(col(name), out);
@@ -921,6 +940,7 @@ fn into_batch(path: &Path, step: i64, d: Decoded) -> RolloutBatch {
         ground_truth: d.ground_truth,
         temperature: d.temperature,
         top_p: d.top_p,
+        policy_version: d.policy_version,
     }
 }
 
@@ -941,6 +961,9 @@ fn gather(path: &Path, step: i64, d: &Decoded, rows: &[usize]) -> RolloutBatch {
             d.temperature[r],
             d.top_p[r],
         );
+        if let Some(v) = b.policy_version.last_mut() {
+            *v = d.policy_version[r];
+        }
     }
     b
 }

@@ -37,6 +37,7 @@ pub fn canonical_schema() -> Arc<Schema> {
         Field::new("ground_truth", DataType::Utf8, true),
         Field::new("temperature", DataType::Float32, true),
         Field::new("top_p", DataType::Float32, true),
+        Field::new("policy_version", DataType::Int64, true),
     ]))
 }
 
@@ -138,6 +139,7 @@ pub fn to_record_batch(b: &RolloutBatch) -> Result<RecordBatch> {
             b.ground_truth.len(),
             b.temperature.len(),
             b.top_p.len(),
+            b.policy_version.len(),
         ]
         .iter()
         .all(|&l| l == n);
@@ -195,6 +197,12 @@ pub fn to_record_batch(b: &RolloutBatch) -> Result<RecordBatch> {
         ),
         Arc::new(b.temperature.iter().copied().collect::<Float32Array>()),
         Arc::new(b.top_p.iter().copied().collect::<Float32Array>()),
+        Arc::new(
+            b.policy_version
+                .iter()
+                .map(|v| v.and_then(|v| i64::try_from(v).ok()))
+                .collect::<Int64Array>(),
+        ),
     ];
     Ok(RecordBatch::try_new(canonical_schema(), columns)?)
 }

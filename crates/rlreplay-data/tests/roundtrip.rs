@@ -34,6 +34,24 @@ fn the_footer_gives_the_log_prob_column_and_the_largest_token_id() {
 }
 
 #[test]
+fn policy_versions_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = small_batch();
+    assert!(b.policy_version.iter().all(Option::is_none));
+    for (i, v) in b.policy_version.iter_mut().enumerate() {
+        *v = (i % 3 != 0).then_some(i as u64);
+    }
+    let path = write_shard(dir.path(), &b).unwrap();
+    let opts = ReadOptions {
+        eos: 999,
+        ..Default::default()
+    };
+    let (back, _) = read_shard(&path, 1, &opts).unwrap();
+    assert_eq!(back.policy_version, b.policy_version);
+    assert_eq!(back.select(&[2, 1]).policy_version, [Some(2), Some(1)]);
+}
+
+#[test]
 fn write_then_read_is_identity() {
     let dir = tempfile::tempdir().unwrap();
     let b = small_batch();
@@ -285,6 +303,8 @@ fn aliases_int64_large_lists_masks_and_extra_columns() {
     assert_eq!(b.log_probs(0), &[-0.5, -0.25]);
     assert_eq!(b.scores, vec![1.0, 0.0, 1.0, 1.0]);
     assert_eq!(b.data_source, vec![None; 4]);
+    // No policy_version column: every version is unknown, none is 0.
+    assert_eq!(b.policy_version, vec![None; 4]);
     assert_eq!(report.truncated, 2);
 }
 

@@ -390,6 +390,9 @@ pub struct RolloutSection {
     pub retries: u32,
     /// Remote: seconds before the first retry; doubled at each further one.
     pub retry_backoff_s: f64,
+    /// Remote: generate this many steps ahead of training (0: synchronous); a row more than
+    /// this many versions older than the weights it trains is dropped.
+    pub max_off_policy_steps: u64,
 }
 
 /// `[rollout] backend`.
@@ -444,6 +447,7 @@ impl Default for RolloutSection {
             request_timeout_s: 600.0,
             retries: 3,
             retry_backoff_s: 1.0,
+            max_off_policy_steps: 0,
         }
     }
 }
@@ -864,6 +868,13 @@ impl Config {
             if !(timeout_ok && backoff_ok) {
                 bail!("[rollout] request_timeout_s must be positive and retry_backoff_s >= 0");
             }
+        }
+        if r.max_off_policy_steps > 0 && r.backend != RolloutBackend::Remote {
+            bail!(
+                "[rollout] max_off_policy_steps = {}: asynchronous generation needs \
+                 backend = \"remote\"",
+                r.max_off_policy_steps
+            );
         }
         let unit = |x: f64| x > 0.0 && x <= 1.0;
         if !unit(r.top_p) || !unit(self.validation.val_top_p) {

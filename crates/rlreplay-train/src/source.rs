@@ -176,6 +176,7 @@ impl SourceKind {
                 "rollout.request_timeout_s",
                 "rollout.retries",
                 "rollout.retry_backoff_s",
+                "rollout.max_off_policy_steps",
                 "batch.train_batch_size",
             ],
         }

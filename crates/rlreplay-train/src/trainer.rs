@@ -629,6 +629,7 @@ impl Trainer {
             max_tokens_per_micro_batch: cfg.batch.max_tokens_per_micro_batch,
             lr: self.lr.lr_at(step - 1),
         };
+        let t_update = Instant::now();
         let out = update(
             &mut self.policy,
             &mut self.opt,
@@ -637,6 +638,7 @@ impl Trainer {
             &settings,
             teacher.as_ref(),
         )?;
+        metrics.insert("timing_s/update".into(), t_update.elapsed().as_secs_f64());
         self.state.optimizer_steps += out.applied;
         self.state.skipped_updates += out.skipped;
         let n = batch.len();

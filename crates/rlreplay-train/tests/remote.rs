@@ -70,6 +70,11 @@ fn synchronous_remote_equals_local_and_fails_over() {
         assert_eq!(std::fs::read_to_string(marker).unwrap(), "3\n");
         assert!(!out.path().join("weights/step_2").exists());
         assert!(s.last_metrics["timing_s/gen"] > 0.0);
+        // Each logged row records the policy version that generated it.
+        let shard = out.path().join("rollouts/data/step-0002.parquet");
+        let (rows, _) =
+            rlreplay_data::read_shard(&shard, 2, &rlreplay_data::ReadOptions::default()).unwrap();
+        assert!(rows.policy_version.iter().all(|&v| v == Some(1)));
     }
     // One endpoint down from the start: everything runs on the other, with the same result.
     let out = tempfile::tempdir().unwrap();
@@ -125,4 +130,67 @@ fn remote_settings_are_checked() {
         c.rollout.protocol,
         rlreplay_train::config::RolloutProtocol::Openai
     );
+}
+
+#[test]
+fn one_step_off_policy_learns_and_counts_staleness() {
+    let model_dir = tempfile::tempdir().unwrap();
+    let seed_run = model_dir.path().join("seed");
+    train(
+        toy_config(&[
+            "trainer.total_training_steps=1".into(),
+            "trainer.save_freq=1".into(),
+        ]),
+        &seed_run,
+    )
+    .unwrap();
+    let model = seed_run.join("checkpoints/global_step_1");
+    let (a, b) = (serve(&model), serve(&model));
+    let urls = [a.url(), b.url()];
+    // Hand-checked staleness: steps 1 and 2 are sent before step 1 trains (version 0); step t >= 3
+    // is sent after the update of step t - 2. So step 1 trains fresh rows and every later step
+    // rows exactly one version old.
+    for protocol in ["sglang", "openai"] {
+        let out = tempfile::tempdir().unwrap();
+        let mut sets = remote(&urls, protocol);
+        sets.push("rollout.max_off_policy_steps=1".into());
+        let s = train(toy_config(&sets), out.path()).unwrap();
+        let m = &s.last_metrics;
+        assert_eq!(m["rollout/staleness/mean"], 1.0, "{protocol}: {m:?}");
+        assert_eq!(m["rollout/staleness/max"], 1.0);
+        assert_eq!(m["rollout/dropped_stale_rows"], 0.0);
+        assert!((0.0..=1.0).contains(&m["timing_s/gen_overlap"]));
+        for (step, version) in [(1, 0), (2, 0), (3, 1)] {
+            let shard = out
+                .path()
+                .join(format!("rollouts/data/step-{step:04}.parquet"));
+            let (rows, _) =
+                rlreplay_data::read_shard(&shard, step, &rlreplay_data::ReadOptions::default())
+                    .unwrap();
+            assert!(
+                rows.policy_version.iter().all(|&v| v == Some(version)),
+                "{protocol} step {step}: {:?}",
+                rows.policy_version
+            );
+        }
+    }
+    // k = 1 still learns on the toy task.
+    let out = tempfile::tempdir().unwrap();
+    let mut sets = remote(&urls, "openai");
+    sets.extend(
+        [
+            "rollout.max_off_policy_steps=1",
+            "toy.warmup_steps=40",
+            "trainer.total_training_steps=20",
+            "validation.test_freq=10",
+            "validation.val_before_train=true",
+            "trainer.save_freq=0",
+        ]
+        .map(String::from),
+    );
+    let s = train(toy_config(&sets), out.path()).unwrap();
+    let (first, last) = (s.validations[0].1, s.validations.last().unwrap().1);
+    assert!(last >= first + 0.1, "{:?}", s.validations);
+    a.shutdown();
+    b.shutdown();
 }

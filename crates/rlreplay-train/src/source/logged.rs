@@ -183,7 +183,7 @@ impl RolloutSource for LoggedSource {
         };
         Ok(RolloutStep {
             truncated: rows.iter().map(|&i| truncated[i]).collect(),
-            policy_versions: vec![None; batch.len()],
+            policy_versions: batch.policy_version.clone(),
             batch,
             text,
             metrics,

@@ -6,9 +6,23 @@
 //! Every random choice derives from the seed and the step (the prompt order per epoch, one
 //! sampling seed per step), so the prompt sampler's position and the reward failure counts are
 //! all a resume needs.
+//!
+//! **Asynchronous RL** (remote only, `[rollout] max_off_policy_steps = k > 0`): the prompts of
+//! steps `t + 1 ..= t + k` are sent to the servers before step `t` trains, so their generation
+//! overlaps the update; the servers finish requests in flight on the weights they had, so a row
+//! of step `t` comes from version `t - 1 - k` at the oldest. A row more than `k` versions older
+//! than the weights it trains (`t - 1`) is dropped and counted (`rollout/dropped_stale_rows`);
+//! the rest are corrected against their logged behaviour log-probs by the `[algorithm]`
+//! rollout-correction settings. `timing_s/gen` is the generation of the step's rows,
+//! `timing_s/gen_wait` the part of it the trainer waited for, `timing_s/gen_overlap` the
+//! fraction it did not wait for. A resume starts generating afresh from the checkpoint's
+//! weights (generations in flight are not checkpointed), so its rows are fresher than those of
+//! an uninterrupted run from that point.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -88,6 +102,17 @@ pub fn step_seed(seed: u64, step: u64, purpose: u64) -> u64 {
     rng.random()
 }
 
+/// A step whose generation was sent to the servers ahead of its training.
+struct Pending {
+    step: u64,
+    picks: Vec<usize>,
+    ids: Vec<Vec<u32>>,
+    /// The prompt sampler after this step's draw.
+    sampler: SamplerState,
+    /// The samples and the seconds their generation took.
+    samples: JoinHandle<Result<(RemoteSamples, f64)>>,
+}
+
 /// Generation from the policy being trained.
 pub struct OnlineSource {
     chat: Arc<ChatTokenizer>,
@@ -100,7 +125,13 @@ pub struct OnlineSource {
     rewards: RewardDispatch,
     rollouts: PathBuf,
     /// The inference servers, with `[rollout] backend = "remote"`.
-    remote: Option<Remote>,
+    remote: Option<Arc<Remote>>,
+    /// Remote: steps sent ahead, oldest first.
+    pending: VecDeque<Pending>,
+    /// Remote: the prompt sampler after the last step sent.
+    ahead: SamplerState,
+    /// Seconds the last weight sync took.
+    sync_s: Option<f64>,
     state: State,
 }
 
@@ -127,9 +158,55 @@ impl OnlineSource {
             rewards: cfg.reward.dispatch()?,
             rollouts: ctx.run_dir.join("rollouts"),
             remote: (cfg.rollout.backend == RolloutBackend::Remote)
-                .then(|| Remote::new(&cfg.rollout, ctx.run_dir)),
+                .then(|| Arc::new(Remote::new(&cfg.rollout, ctx.run_dir))),
+            pending: VecDeque::new(),
+            ahead: SamplerState::default(),
+            sync_s: None,
             state: State::default(),
         })
+    }
+
+    /// The sampling settings of step `step`.
+    fn params(&self, step: u64) -> SamplingParams {
+        let r = &self.rollout;
+        SamplingParams {
+            temperature: r.temperature as f32,
+            top_p: r.top_p as f32,
+            top_k: r.top_k,
+            max_new_tokens: r.max_response_length,
+            stop_ids: self.stop_ids.clone(),
+            seed: step_seed(self.seed, step, 1),
+        }
+    }
+
+    /// Sends step `step`'s prompts to the servers.
+    fn send_ahead(&mut self, remote: &Arc<Remote>, step: u64) {
+        let picks = draw_prompts(
+            &mut self.ahead,
+            self.prompts.len(),
+            self.train_batch_size,
+            self.seed,
+            self.shuffle,
+        );
+        let ids: Vec<Vec<u32>> = picks.iter().map(|&i| self.prompts[i].ids.clone()).collect();
+        let (remote, prompts, n, params) = (
+            remote.clone(),
+            ids.clone(),
+            self.rollout.n,
+            self.params(step),
+        );
+        let samples = std::thread::spawn(move || {
+            let t = Instant::now();
+            let s = remote.generate(&prompts, n, &params)?;
+            Ok((s, t.elapsed().as_secs_f64()))
+        });
+        self.pending.push_back(Pending {
+            step,
+            picks,
+            ids,
+            sampler: self.ahead,
+            samples,
+        });
     }
 
     /// Training prompts after filtering.
@@ -148,47 +225,83 @@ impl RolloutSource for OnlineSource {
             self.state =
                 serde_json::from_value(state).context("the online source's checkpoint state")?;
         }
+        self.ahead = self.state.sampler;
+        self.pending.clear();
         Ok(())
     }
 
     fn next_step(&mut self, step: u64, policy: &Model) -> Result<RolloutStep> {
         let mut metrics = Metrics::new();
-        let r = &self.rollout;
-        let picks = draw_prompts(
-            &mut self.state.sampler,
-            self.prompts.len(),
-            self.train_batch_size,
-            self.seed,
-            self.shuffle,
-        );
-        let params = SamplingParams {
-            temperature: r.temperature as f32,
-            top_p: r.top_p as f32,
-            top_k: r.top_k,
-            max_new_tokens: r.max_response_length,
-            stop_ids: self.stop_ids.clone(),
-            seed: step_seed(self.seed, step, 1),
-        };
-        let ids: Vec<Vec<u32>> = picks.iter().map(|&i| self.prompts[i].ids.clone()).collect();
-        let t_gen = Instant::now();
-        let (gens, versions) = match &mut self.remote {
+        let r = self.rollout.clone();
+        let (picks, ids, gens, versions) = match self.remote.clone() {
             None => {
+                let picks = draw_prompts(
+                    &mut self.state.sampler,
+                    self.prompts.len(),
+                    self.train_batch_size,
+                    self.seed,
+                    self.shuffle,
+                );
+                let ids: Vec<Vec<u32>> =
+                    picks.iter().map(|&i| self.prompts[i].ids.clone()).collect();
+                let t_gen = Instant::now();
                 let decoder = Decoder::new(policy)?;
                 let gens: Vec<Generation> =
-                    generate(&decoder, &ids, r.n, &params, r.max_batch, |_| {})?;
+                    generate(&decoder, &ids, r.n, &self.params(step), r.max_batch, |_| {})?;
+                metrics.insert("timing_s/gen".into(), t_gen.elapsed().as_secs_f64());
                 let versions = vec![Some(step - 1); gens.len()];
-                (gens, versions)
+                (picks, ids, gens, versions)
             }
             Some(remote) => {
                 remote.ensure_serving(step - 1, policy)?;
-                let RemoteSamples {
-                    generations,
-                    versions,
-                } = remote.generate(&ids, r.n, &params)?;
-                (generations, versions)
+                let k = r.max_off_policy_steps;
+                let mut next = self.pending.back().map_or(step, |p| p.step + 1);
+                while next <= step + k {
+                    self.send_ahead(&remote, next);
+                    next += 1;
+                }
+                let p = self
+                    .pending
+                    .pop_front()
+                    .filter(|p| p.step == step)
+                    .context("the steps generated ahead are out of order")?;
+                let t_wait = Instant::now();
+                let (samples, gen_s) = p.samples.join().map_err(|_| {
+                    anyhow::anyhow!("the generation thread of step {step} panicked")
+                })??;
+                let wait_s = t_wait.elapsed().as_secs_f64();
+                metrics.insert("timing_s/gen".into(), gen_s);
+                metrics.insert("timing_s/gen_wait".into(), wait_s);
+                metrics.insert(
+                    "timing_s/gen_overlap".into(),
+                    if gen_s > 0.0 {
+                        1.0 - (wait_s / gen_s).min(1.0)
+                    } else {
+                        0.0
+                    },
+                );
+                if let Some(s) = self.sync_s {
+                    metrics.insert("timing_s/weight_sync".into(), s);
+                }
+                self.state.sampler = p.sampler;
+                (p.picks, p.ids, samples.generations, samples.versions)
             }
         };
-        metrics.insert("timing_s/gen".into(), t_gen.elapsed().as_secs_f64());
+        // Rows more than `k` versions older than the weights they train are dropped.
+        let oldest = (step - 1).saturating_sub(r.max_off_policy_steps);
+        let before = gens.len();
+        let (gens, versions): (Vec<Generation>, Vec<Option<u64>>) = gens
+            .into_iter()
+            .zip(versions)
+            .filter(|(_, v)| v.is_none_or(|v| v >= oldest))
+            .unzip();
+        metrics.insert(
+            "rollout/dropped_stale_rows".into(),
+            (before - gens.len()) as f64,
+        );
+        if gens.is_empty() {
+            bail!("step {step}: every row is more than max_off_policy_steps versions old");
+        }
         let mut batch = RolloutBatch::empty(step as i64);
         let mut text = StepText::default();
         let (mut errors, mut timeouts) = (0u64, 0u64);
@@ -214,6 +327,7 @@ impl RolloutSource for OnlineSource {
             text.messages.push(item.messages.clone());
             text.responses.push(response);
         }
+        batch.policy_version.clone_from(&versions);
         self.state.reward_errors += errors;
         self.state.reward_timeouts += timeouts;
         metrics.insert("reward/errors".into(), errors as f64);
@@ -242,7 +356,12 @@ impl RolloutSource for OnlineSource {
         match &mut self.remote {
             // The next step samples from the trainer's own weights.
             None => Ok(()),
-            Some(remote) => remote.sync(version, policy),
+            Some(remote) => {
+                let t = Instant::now();
+                remote.sync(version, policy)?;
+                self.sync_s = Some(t.elapsed().as_secs_f64());
+                Ok(())
+            }
         }
     }
 

@@ -20,10 +20,12 @@
 //!   every endpoint serves the new one. Before the first step the initial policy is sent the same
 //!   way, so the servers start from the trainer's weights.
 //! - **Versions.** Each sample records the version its endpoint served: SGLang's
-//!   `meta_info.weight_version` when it is a number, else the version the last sync installed.
+//!   `meta_info.weight_version` when it is a number, else the version served when the request
+//!   was sent.
 //!   With `weight_sync = "none"` versions are unknown.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -55,7 +57,20 @@ enum Failure {
 struct Endpoint {
     url: String,
     /// Why it was dropped, once it was.
-    failure: Option<String>,
+    failure: Mutex<Option<String>>,
+}
+
+impl Endpoint {
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn drop_with(&self, why: String) {
+        *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+    }
 }
 
 /// One sample as a server answered it: tokens, log-probs, finish reason, reported version.
@@ -69,7 +84,8 @@ pub struct RemoteSamples {
     pub versions: Vec<Option<u64>>,
 }
 
-/// A client of a fleet of inference servers.
+/// A client of a fleet of inference servers; shared by the threads that generate ahead
+/// (`max_off_policy_steps > 0`).
 pub struct Remote {
     endpoints: Vec<Endpoint>,
     protocol: RolloutProtocol,
@@ -80,7 +96,7 @@ pub struct Remote {
     retries: u32,
     backoff: Duration,
     /// The version every live endpoint serves, once a sync installed it.
-    served: Option<u64>,
+    served: Mutex<Option<u64>>,
 }
 
 impl Remote {
@@ -96,7 +112,7 @@ impl Remote {
                 .iter()
                 .map(|u| Endpoint {
                     url: u.trim_end_matches('/').to_string(),
-                    failure: None,
+                    failure: Mutex::new(None),
                 })
                 .collect(),
             protocol: r.protocol,
@@ -109,14 +125,14 @@ impl Remote {
             api_key: std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty()),
             retries: r.retries,
             backoff: Duration::from_secs_f64(r.retry_backoff_s),
-            served: None,
+            served: Mutex::new(None),
         }
     }
 
     /// The endpoints still in use.
     fn live(&self) -> Vec<usize> {
         (0..self.endpoints.len())
-            .filter(|&i| self.endpoints[i].failure.is_none())
+            .filter(|&i| self.endpoints[i].failure().is_none())
             .collect()
     }
 
@@ -125,7 +141,7 @@ impl Remote {
         let why: Vec<String> = self
             .endpoints
             .iter()
-            .map(|e| format!("{}: {}", e.url, e.failure.as_deref().unwrap_or("?")))
+            .map(|e| format!("{}: {}", e.url, e.failure().as_deref().unwrap_or("?")))
             .collect();
         anyhow::anyhow!(
             "no rollout endpoint is left (the last checkpoint is intact; start the servers and \
@@ -136,15 +152,20 @@ impl Remote {
 
     /// Sends the policy of `version` when the servers do not serve it yet (a fresh run, a
     /// resume, or after [`Remote::sync`] was skipped).
-    pub fn ensure_serving(&mut self, version: u64, policy: &Model) -> Result<()> {
-        if self.weight_sync == WeightSync::Disk && self.served != Some(version) {
+    pub fn ensure_serving(&self, version: u64, policy: &Model) -> Result<()> {
+        if self.weight_sync == WeightSync::Disk && self.served() != Some(version) {
             self.sync(version, policy)?;
         }
         Ok(())
     }
 
+    /// The version the last sync installed.
+    fn served(&self) -> Option<u64> {
+        *self.served.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Writes the policy of `version` under `weights_dir` and has every live endpoint load it.
-    pub fn sync(&mut self, version: u64, policy: &Model) -> Result<()> {
+    pub fn sync(&self, version: u64, policy: &Model) -> Result<()> {
         if self.weight_sync == WeightSync::None {
             return Ok(());
         }
@@ -181,15 +202,13 @@ impl Remote {
             });
             match answer {
                 Ok(()) => {}
-                Err(Failure::Refused(m)) | Err(Failure::Down(m)) => {
-                    self.endpoints[i].failure = Some(m)
-                }
+                Err(Failure::Refused(m)) | Err(Failure::Down(m)) => self.endpoints[i].drop_with(m),
             }
         }
         if self.live().is_empty() {
             return Err(self.none_left());
         }
-        self.served = Some(version);
+        *self.served.lock().unwrap_or_else(PoisonError::into_inner) = Some(version);
         if let Ok(entries) = std::fs::read_dir(&self.weights_dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -207,7 +226,7 @@ impl Remote {
 
     /// `n` samples of each prompt, spread over the live endpoints (see the module docs).
     pub fn generate(
-        &mut self,
+        &self,
         prompts: &[Vec<u32>],
         n: usize,
         params: &SamplingParams,
@@ -228,7 +247,7 @@ impl Remote {
                     jobs.push((ep, s, e));
                 }
             }
-            let this = &*self;
+            let this = self;
             let results: Vec<_> = std::thread::scope(|scope| {
                 let handles: Vec<_> = jobs
                     .iter()
@@ -251,7 +270,7 @@ impl Remote {
                     Ok(samples) => done[s] = Some(samples),
                     Err(Failure::Refused(m)) => bail!("{m}"),
                     Err(Failure::Down(m)) => {
-                        self.endpoints[ep].failure = Some(m);
+                        self.endpoints[ep].drop_with(m);
                         todo.push((s, e));
                     }
                 }
@@ -328,8 +347,12 @@ impl Remote {
         };
         let body = body.map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
         self.retrying(|| {
+            // The version served when the request leaves: the servers finish requests in flight
+            // on the weights they had (a request that meets an update waits for the new weights
+            // and is then tagged one version too old, never too new).
+            let sent_at = self.served();
             let v = self.post(&url, &body)?;
-            self.parse(&url, v, prompts.len(), first, n)
+            self.parse(&url, v, prompts.len(), first, n, sent_at)
         })
     }
 
@@ -375,7 +398,8 @@ impl Remote {
         }
     }
 
-    /// Reads a generation answer for `count` prompts of `n` samples.
+    /// Reads a generation answer for `count` prompts of `n` samples, sent while version
+    /// `sent_at` was served.
     fn parse(
         &self,
         url: &str,
@@ -383,6 +407,7 @@ impl Remote {
         count: usize,
         first: usize,
         n: usize,
+        sent_at: Option<u64>,
     ) -> Result<RemoteSamples, Failure> {
         let bad = |what: String| Failure::Down(format!("{url}: {what}"));
         let mut samples: Vec<Sample> = Vec::new();
@@ -472,7 +497,7 @@ impl Remote {
             });
             let version = match self.weight_sync {
                 WeightSync::None => None,
-                WeightSync::Disk => reported.or(self.served),
+                WeightSync::Disk => reported.or(sent_at),
             };
             out.versions.push(version);
         }
