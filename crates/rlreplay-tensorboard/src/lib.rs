@@ -30,7 +30,7 @@ pub mod proto {
         #[prost(int64, tag = "2")]
         pub step: i64,
         /// What the event holds.
-        #[prost(oneof = "What", tags = "3, 5")]
+        #[prost(oneof = "What", tags = "3, 5, 6")]
         pub what: Option<What>,
     }
 
@@ -43,7 +43,22 @@ pub mod proto {
         /// Summary values.
         #[prost(message, tag = "5")]
         Summary(Summary),
+        /// A session marker: `START` at step N tells TensorBoard to drop the events of earlier
+        /// files at steps N and later (a run resumed from a checkpoint).
+        #[prost(message, tag = "6")]
+        SessionLog(SessionLog),
     }
+
+    /// `tensorflow.SessionLog`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SessionLog {
+        /// `SessionLog.SessionStatus`: [`SESSION_START`] restarts the run at the event's step.
+        #[prost(int32, tag = "1")]
+        pub status: i32,
+    }
+
+    /// `SessionLog.SessionStatus.START`.
+    pub const SESSION_START: i32 = 1;
 
     /// `tensorflow.Summary`.
     #[derive(Clone, PartialEq, prost::Message)]
@@ -127,7 +142,8 @@ fn hostname() -> String {
 }
 
 impl EventWriter {
-    /// A new event file in `dir` (created when missing), named as TensorBoard expects.
+    /// A new event file in `dir` (created when missing), named as TensorBoard expects; a
+    /// second file of the same second and process gets a numbered name that sorts after it.
     pub fn create(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
@@ -140,10 +156,17 @@ impl EventWriter {
             hostname(),
             std::process::id()
         );
-        Self::create_file(&dir.join(name), t)
+        let mut path = dir.join(&name);
+        let mut n = 1;
+        while path.exists() {
+            path = dir.join(format!("{name}.{n}"));
+            n += 1;
+        }
+        Self::create_file(&path, t)
     }
 
-    /// A new event file at `path` whose version event carries `wall_time`.
+    /// A new event file at `path` (replacing one there) whose version event carries
+    /// `wall_time`.
     pub fn create_file(path: &Path, wall_time: f64) -> Result<Self> {
         let file = File::create(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
@@ -185,6 +208,19 @@ impl EventWriter {
             wall_time,
             step,
             what: Some(proto::What::Summary(proto::Summary { value })),
+        })
+    }
+
+    /// Marks a restart at `step` (a `SessionLog` `START` event): TensorBoard discards what
+    /// earlier files of the directory hold at `step` and later, so a run resumed from the
+    /// checkpoint of step `step - 1` shows each step once.
+    pub fn restart_at(&mut self, step: i64, wall_time: f64) -> Result<()> {
+        self.write_event(&proto::Event {
+            wall_time,
+            step,
+            what: Some(proto::What::SessionLog(proto::SessionLog {
+                status: proto::SESSION_START,
+            })),
         })
     }
 
@@ -363,5 +399,23 @@ mod tests {
         std::fs::write(&path, &bytes[..n - 2]).unwrap();
         let e = read_events(&path).unwrap_err().to_string();
         assert!(e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn restart_marker_is_a_session_start_at_its_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = EventWriter::create(dir.path()).unwrap();
+        w.restart_at(4, 12.0).unwrap();
+        w.add_scalars(4, 12.5, [("a", 1.0)]).unwrap();
+        let path = w.path().to_path_buf();
+        drop(w);
+        let events = read_events(&path).unwrap();
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[1].step, 4);
+        assert_eq!(
+            events[1].what,
+            Some(proto::What::SessionLog(proto::SessionLog { status: 1 }))
+        );
+        assert_eq!(read_scalars(&path).unwrap().len(), 1);
     }
 }

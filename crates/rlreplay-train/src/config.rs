@@ -695,6 +695,22 @@ pub struct TrainerSection {
     pub force_threads: bool,
     /// Run directory (`--out` overrides it).
     pub dir: Option<PathBuf>,
+    /// Where each step's metrics go: `console` (a line per step on standard error), `jsonl`
+    /// (`RUN_DIR/metrics.jsonl`), `tensorboard` (event files under `RUN_DIR/tensorboard/`).
+    pub loggers: Vec<Logger>,
+}
+
+/// A destination of the per-step metrics (`[trainer] loggers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Logger {
+    /// One line per step on standard error (above the progress bar).
+    Console,
+    /// `RUN_DIR/metrics.jsonl`: one JSON object per step, every metric.
+    Jsonl,
+    /// TensorBoard event files under `RUN_DIR/tensorboard/`: every metric as a scalar at its
+    /// step.
+    Tensorboard,
 }
 
 impl Default for TrainerSection {
@@ -707,6 +723,7 @@ impl Default for TrainerSection {
             threads: 0,
             force_threads: false,
             dir: None,
+            loggers: vec![Logger::Console, Logger::Jsonl],
         }
     }
 }
@@ -735,7 +752,7 @@ pub const MOVED: &[(&str, &str)] = &[
 ];
 
 /// What may differ between the configuration a run started with and the one it resumes with.
-pub const MAY_CHANGE_ON_RESUME: &str = "[trainer] save_freq, keep, dir";
+pub const MAY_CHANGE_ON_RESUME: &str = "[trainer] save_freq, keep, dir, loggers";
 
 impl Config {
     /// Reads a configuration file for a `source` front and applies `section.key=value`
@@ -968,6 +985,7 @@ impl Config {
         c.trainer.save_freq = 0;
         c.trainer.keep = 0;
         c.trainer.dir = None;
+        c.trainer.loggers.clear();
         c
     }
 }
@@ -1164,6 +1182,26 @@ path = "d"
         let o = online("", &[]).unwrap();
         assert_eq!(o.data.task, Some(Task::Toy));
         assert_eq!(o.trainer.total_training_steps, Some(DEFAULT_ONLINE_STEPS));
+    }
+
+    #[test]
+    fn loggers_are_named_and_may_change_on_resume() {
+        let c = replay(BASE, &[]).unwrap();
+        assert_eq!(c.trainer.loggers, [Logger::Console, Logger::Jsonl]);
+        let o = online(
+            "",
+            &["trainer.loggers=[\"console\", \"jsonl\", \"tensorboard\"]"],
+        )
+        .unwrap();
+        assert_eq!(
+            o.trainer.loggers,
+            [Logger::Console, Logger::Jsonl, Logger::Tensorboard]
+        );
+        let e = replay(BASE, &["trainer.loggers=[\"wandb\"]"]).unwrap_err();
+        assert!(format!("{e:#}").contains("wandb"), "{e:#}");
+        let mut t = c.clone();
+        t.trainer.loggers = vec![Logger::Tensorboard];
+        assert_eq!(t.comparable(), c.comparable());
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! RUN_DIR/.rlreplay.lock                      the writer's lock and pid (see [`RunLock`])
 //! RUN_DIR/config.toml                         resolved configuration
 //! RUN_DIR/run.log                             one line per step, validation and checkpoint
-//! RUN_DIR/metrics.jsonl                       one object per trainer step
-//! RUN_DIR/training_scores.csv                 step, score, loss, grad norm, lr, ...
+//! RUN_DIR/metrics.jsonl                       one object per trainer step ([trainer] loggers "jsonl")
+//! RUN_DIR/tensorboard/events.out.tfevents.*   every metric at its step ([trainer] loggers "tensorboard")
+//! RUN_DIR/training_scores.csv                 step, score, loss, grad norm, lr, log-probs, IS diagnostics
 //! RUN_DIR/plots/training_score.{png,svg}
 //! RUN_DIR/results/training_scores.csv         the published copy, with the plots
 //! RUN_DIR/results/hyperparameters.csv         Section, Parameter, Value, Source
@@ -28,6 +29,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use rlreplay_tensorboard::EventWriter;
+
+use crate::config::Logger;
 
 /// Name of the file inside a checkpoint that records the trainer state; written last.
 pub const TRAINER_STATE: &str = "trainer_state.json";
@@ -41,12 +45,28 @@ pub const CSV_COLUMNS: &[(&str, &str)] = &[
     ("lr", "actor/lr"),
     ("response_length_mean", "response_length/mean"),
     ("rollout_corr_kl", "rollout_corr/kl"),
+    ("rollout_corr_k3_kl", "rollout_corr/k3_kl"),
+    ("rollout_is_mean", "rollout_corr/rollout_is_mean"),
+    (
+        "rollout_is_eff_sample_size",
+        "rollout_corr/rollout_is_eff_sample_size",
+    ),
+    (
+        "rollout_rs_masked_fraction",
+        "rollout_corr/rollout_rs_masked_fraction",
+    ),
+    ("logprob_success", "replay/logprob_success"),
+    ("logprob_failure", "replay/logprob_failure"),
     ("skipped_steps", "train/skipped_steps"),
     ("tokens_per_s", "perf/throughput"),
 ];
 
 /// One step's metrics: verl-style names to values.
 pub type Metrics = BTreeMap<String, f64>;
+
+/// The columns of `training_scores.csv`: per header, the `(step, value)` of each step that has
+/// a value.
+pub type ScoreHistory = BTreeMap<String, Vec<(u64, f64)>>;
 
 /// Prefixes of the wall-clock metrics, which differ between otherwise identical runs.
 pub const TIMING_PREFIXES: [&str; 2] = ["perf/", "timing_s/"];
@@ -253,15 +273,20 @@ fn changed_keys(
 /// An open run directory.
 pub struct RunDir {
     root: PathBuf,
-    metrics: File,
+    /// `metrics.jsonl`, with the `jsonl` logger.
+    metrics: Option<File>,
+    /// The event file of this session, with the `tensorboard` logger.
+    events: Option<EventWriter>,
     scores: File,
 }
 
 impl RunDir {
-    /// Creates (or reopens) the run directory. `resume_step` is the step of the checkpoint the run
-    /// continues from (0 for a fresh run): metric lines of later steps, left by an interrupted
-    /// run, are dropped so the files continue exactly where the checkpoint stands.
-    pub fn open(root: &Path, resume_step: u64) -> Result<Self> {
+    /// Creates (or reopens) the run directory, with the per-step files of `loggers`.
+    /// `resume_step` is the step of the checkpoint the run continues from (0 for a fresh run):
+    /// metric lines of later steps, left by an interrupted run, are dropped so the files
+    /// continue exactly where the checkpoint stands; a new event file starts with a restart
+    /// marker at `resume_step + 1`, so TensorBoard drops what earlier files hold from there on.
+    pub fn open(root: &Path, resume_step: u64, loggers: &[Logger]) -> Result<Self> {
         fs::create_dir_all(root.join("checkpoints"))
             .with_context(|| format!("cannot create run directory {}", root.display()))?;
         fs::create_dir_all(root.join("plots"))?;
@@ -286,14 +311,33 @@ impl RunDir {
                 .collect();
             writeln!(scores, "{}", header.join(","))?;
         }
-        let metrics = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+        let metrics = if loggers.contains(&Logger::Jsonl) {
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)
+                .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+            Some(f)
+        } else {
+            None
+        };
+        let events = if loggers.contains(&Logger::Tensorboard) {
+            let dir = root.join("tensorboard");
+            let earlier = dir.is_dir() && !rlreplay_tensorboard::event_files(&dir)?.is_empty();
+            let mut w = EventWriter::create(&dir)?;
+            if earlier {
+                let step = i64::try_from(resume_step + 1).context("resume step")?;
+                w.restart_at(step, rlreplay_tensorboard::now())?;
+                w.flush()?;
+            }
+            Some(w)
+        } else {
+            None
+        };
         Ok(Self {
             root: root.to_path_buf(),
             metrics,
+            events,
             scores,
         })
     }
@@ -308,15 +352,26 @@ impl RunDir {
         self.root.join("checkpoints")
     }
 
-    /// Appends one step to `metrics.jsonl` and `training_scores.csv`.
+    /// Appends one step to `training_scores.csv` and to the files of the loggers
+    /// (`metrics.jsonl`, the event file).
     pub fn log_step(&mut self, step: u64, metrics: &Metrics) -> Result<()> {
-        let mut obj = serde_json::Map::new();
-        obj.insert("step".into(), step.into());
-        for (k, v) in metrics {
-            let v = serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into);
-            obj.insert(k.clone(), v);
+        if let Some(f) = &mut self.metrics {
+            let mut obj = serde_json::Map::new();
+            obj.insert("step".into(), step.into());
+            for (k, v) in metrics {
+                let v =
+                    serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into);
+                obj.insert(k.clone(), v);
+            }
+            writeln!(f, "{}", serde_json::Value::Object(obj))?;
+            f.flush()?;
         }
-        writeln!(self.metrics, "{}", serde_json::Value::Object(obj))?;
+        if let Some(w) = &mut self.events {
+            let step = i64::try_from(step).context("step")?;
+            let scalars = metrics.iter().map(|(k, v)| (k.as_str(), *v));
+            w.add_scalars(step, rlreplay_tensorboard::now(), scalars)?;
+            w.flush()?;
+        }
         let mut row = vec![step.to_string()];
         row.extend(
             CSV_COLUMNS
@@ -324,26 +379,28 @@ impl RunDir {
                 .map(|(_, key)| metrics.get(*key).map_or(String::new(), |v| format!("{v}"))),
         );
         writeln!(self.scores, "{}", row.join(","))?;
-        self.metrics.flush()?;
         self.scores.flush()?;
         Ok(())
     }
 
-    /// Reads back `(step, score mean, loss)` for every logged step, for the plots.
-    pub fn score_history(&self) -> Result<Vec<(u64, f64, f64)>> {
+    /// Reads back the columns of `training_scores.csv`, for the plots.
+    pub fn score_history(&self) -> Result<ScoreHistory> {
         let path = self.root.join("training_scores.csv");
-        let text = fs::read_to_string(&path)?;
-        let mut out = Vec::new();
-        for line in text.lines().skip(1) {
-            let cells: Vec<&str> = line.split(',').collect();
-            let (Some(step), Some(score), Some(loss)) = (
-                cells.first().and_then(|s| s.parse().ok()),
-                cells.get(1).and_then(|s| s.parse().ok()),
-                cells.get(2).and_then(|s| s.parse().ok()),
-            ) else {
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        let mut out = ScoreHistory::new();
+        for line in lines {
+            let mut cells = line.split(',');
+            let Some(step) = cells.next().and_then(|s| s.parse::<u64>().ok()) else {
                 continue;
             };
-            out.push((step, score, loss));
+            for (name, cell) in header.iter().skip(1).zip(cells) {
+                if let Ok(v) = cell.parse::<f64>() {
+                    out.entry((*name).to_string()).or_default().push((step, v));
+                }
+            }
         }
         Ok(out)
     }
@@ -704,7 +761,7 @@ mod tests {
     #[test]
     fn logs_and_truncates_on_resume() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut rd = RunDir::open(tmp.path(), 0).unwrap();
+        let mut rd = RunDir::open(tmp.path(), 0, &[Logger::Jsonl]).unwrap();
         for s in 1..=4 {
             rd.log_step(s, &metrics(s as f64 / 10.0)).unwrap();
         }
@@ -716,9 +773,10 @@ mod tests {
             .unwrap();
         write!(f, "{{\"step\": 5, \"critic").unwrap();
         drop(f);
-        let rd = RunDir::open(tmp.path(), 2).unwrap();
+        let rd = RunDir::open(tmp.path(), 2, &[Logger::Jsonl]).unwrap();
         let h = rd.score_history().unwrap();
-        assert_eq!(h, vec![(1, 0.1, -0.1), (2, 0.2, -0.2)]);
+        assert_eq!(h["score_mean"], vec![(1, 0.1), (2, 0.2)]);
+        assert_eq!(h["loss"], vec![(1, -0.1), (2, -0.2)]);
         let m = fs::read_to_string(tmp.path().join("metrics.jsonl")).unwrap();
         assert_eq!(m.lines().count(), 2);
         let csv = fs::read_to_string(tmp.path().join("training_scores.csv")).unwrap();
@@ -731,7 +789,7 @@ mod tests {
     #[test]
     fn checkpoints_rotate_and_survive_interrupted_saves() {
         let tmp = tempfile::tempdir().unwrap();
-        let rd = RunDir::open(tmp.path(), 0).unwrap();
+        let rd = RunDir::open(tmp.path(), 0, &[Logger::Jsonl]).unwrap();
         for s in [2, 4, 6] {
             rd.save_checkpoint(s, 2, state).unwrap();
         }

@@ -21,7 +21,7 @@ use rlreplay_model::{AdamW, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Task};
+use crate::config::{Config, Logger, Task};
 use crate::context::rollout_teacher_prompts;
 use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
@@ -381,7 +381,7 @@ impl Trainer {
             _ => None,
         };
 
-        let run = RunDir::open(out, state.global_step)?;
+        let run = RunDir::open(out, state.global_step, &cfg.trainer.loggers)?;
         run.drop_stale_candidate()?;
         let resolved = cfg.to_toml()?;
         write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
@@ -465,7 +465,7 @@ impl Trainer {
             }
             self.run.log_step(step, &metrics)?;
             let get = |k: &str| metrics.get(k).copied().unwrap_or(f64::NAN);
-            self.run.log(&format!(
+            let line = format!(
                 "step {step}: score {:.4} loss {:.5} grad_norm {:.4}{}",
                 get("critic/score/mean"),
                 get("actor/pg_loss"),
@@ -474,7 +474,15 @@ impl Trainer {
                     .get("val-core/mean@k")
                     .map(|m| format!(" val mean@{} {m:.4}", self.cfg.validation.val_n))
                     .unwrap_or_default()
-            ))?;
+            );
+            self.run.log(&line)?;
+            if self.cfg.trainer.loggers.contains(&Logger::Console) {
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(&line);
+                }
+            }
             bar.set_position(step);
             bar.set_message(format!(
                 "score {:.3} loss {:.4} {:.0} tok/s",

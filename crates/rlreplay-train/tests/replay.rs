@@ -398,3 +398,107 @@ fn threads_do_not_touch_the_process_environment() {
     run(&RunOptions::new(cfg, &tmp.path().join("run"))).unwrap();
     assert_eq!(std::env::var_os("RAYON_NUM_THREADS"), before);
 }
+
+/// The scalars TensorBoard shows for a run directory: the event files in name order, a
+/// `SessionLog` `START` at step N dropping what earlier files hold at N and later (as
+/// TensorBoard's `EventAccumulator` purges a restarted run). `(step, tag) -> value`.
+fn tensorboard_view(run: &Path) -> std::collections::BTreeMap<(i64, String), f32> {
+    use rlreplay_tensorboard::proto::{What, SESSION_START};
+    let mut view = std::collections::BTreeMap::new();
+    for file in rlreplay_tensorboard::event_files(&run.join("tensorboard")).unwrap() {
+        for e in rlreplay_tensorboard::read_events(&file).unwrap() {
+            match e.what {
+                Some(What::SessionLog(s)) if s.status == SESSION_START => {
+                    view.retain(|(step, _): &(i64, String), _| *step < e.step);
+                }
+                Some(What::Summary(s)) => {
+                    for v in s.value {
+                        view.insert((e.step, v.tag), v.simple_value.unwrap());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    view
+}
+
+#[test]
+fn tensorboard_logger_holds_every_metric_at_its_step_across_a_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 4);
+    let base = config(
+        &data,
+        "[trainer]\nsave_freq = 1\nkeep = 0\nloggers = [\"jsonl\", \"tensorboard\"]\n",
+    )
+    .to_toml()
+    .unwrap();
+    let sets = [
+        "algorithm.loss_mode=\"ppo\"".to_string(),
+        "algorithm.rollout_is=\"token\"".into(),
+        "algorithm.rollout_is_threshold=2.0".into(),
+    ];
+    let cfg = Config::parse(&base, &sets, SourceKind::Logged).unwrap();
+    let out = tmp.path().join("run");
+    let mut o = RunOptions::new(cfg, &out);
+    o.stop_after = Some(3);
+    run(&o).unwrap();
+    // Killed after step 3 was logged but before its checkpoint was complete.
+    std::fs::remove_dir_all(out.join("checkpoints/global_step_3")).unwrap();
+    o.stop_after = None;
+    o.resume = true;
+    assert_eq!(run(&o).unwrap().global_step, 4);
+
+    let files = rlreplay_tensorboard::event_files(&out.join("tensorboard")).unwrap();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let view = tensorboard_view(&out);
+    let lines = read_metrics(&out, true).unwrap();
+    assert_eq!(lines.len(), 4);
+    let mut expected = std::collections::BTreeMap::new();
+    for line in &lines {
+        let step = line["step"].as_i64().unwrap();
+        for (k, v) in line.as_object().unwrap() {
+            if k != "step" {
+                let v = v.as_f64().map_or(f32::NAN, |v| v as f32);
+                expected.insert((step, k.clone()), v);
+            }
+        }
+    }
+    assert_eq!(
+        view.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
+    for (key, v) in &expected {
+        let got = view[key];
+        assert!(
+            got == *v || (got.is_nan() && v.is_nan()),
+            "{key:?}: {got} != {v}"
+        );
+    }
+    // The learning signal and the IS diagnostics are logged per step and plotted.
+    for key in [
+        "replay/logprob_success",
+        "replay/logprob_failure",
+        "rollout_corr/rollout_is_mean",
+        "rollout_corr/k3_kl",
+    ] {
+        assert!(expected.contains_key(&(4, key.to_string())), "{key}");
+    }
+    let csv = std::fs::read_to_string(out.join("training_scores.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains("logprob_success"));
+    assert_eq!(csv.lines().count(), 5);
+    assert!(out.join("results/training_score.svg").is_file());
+}
+
+#[test]
+fn without_the_jsonl_logger_no_metrics_file_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 1);
+    let cfg = config(&data, "[trainer]\nloggers = [\"tensorboard\"]\n");
+    let out = tmp.path().join("run");
+    run(&RunOptions::new(cfg, &out)).unwrap();
+    assert!(!out.join("metrics.jsonl").exists());
+    assert!(out.join("training_scores.csv").is_file());
+    let view = tensorboard_view(&out);
+    assert!(view.contains_key(&(1, "critic/score/mean".to_string())));
+}
