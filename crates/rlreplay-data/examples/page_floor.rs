@@ -14,10 +14,12 @@ const COLUMNS: &[&str] = &[
     "rollout_log_probs",
 ];
 
-fn main() -> anyhow::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let repeat: usize = std::env::var("REPEAT").map_or(Ok(5), |v| v.parse())?;
     let files: Vec<String> = std::env::args().skip(1).collect();
-    anyhow::ensure!(!files.is_empty(), "usage: page_floor SHARD.parquet...");
+    if files.is_empty() {
+        return Err("usage: page_floor SHARD.parquet...".into());
+    }
     let (mut read_best, mut pages_best) = (f64::INFINITY, f64::INFINITY);
     let (mut compressed, mut decompressed) = (0usize, 0usize);
     for _ in 0..repeat {

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::statistics::Statistics;
 
 use crate::batch::RolloutBatch;
+use crate::error::{Error, Result};
 use crate::hub::HubPath;
 use crate::read::{read_shard, read_shard_reusing, ReadOptions};
 use crate::report::ValidationReport;
@@ -57,15 +57,18 @@ impl Dataset {
                 continue;
             }
             if let Some(prev) = by_step.insert(step, f.clone()) {
-                bail!(
-                    "two shards hold step {step}: {} and {}",
-                    prev.display(),
-                    f.display()
-                );
+                return Err(Error::DuplicateStep {
+                    step,
+                    first: prev,
+                    second: f,
+                });
             }
         }
         if by_step.is_empty() {
-            bail!("{spec}: no Parquet shard in step range {steps}");
+            return Err(Error::NoShardInRange {
+                spec: spec.to_owned(),
+                steps,
+            });
         }
         Ok(Dataset {
             spec: spec.to_owned(),
@@ -98,7 +101,10 @@ impl Dataset {
         opts: &ReadOptions,
     ) -> Result<(RolloutBatch, ValidationReport)> {
         let Some(path) = self.shard(step) else {
-            bail!("{}: no shard for step {step}", self.spec);
+            return Err(Error::NoShard {
+                spec: self.spec.clone(),
+                step,
+            });
         };
         read_shard(path, step, opts)
     }
@@ -153,14 +159,23 @@ fn local_files(spec: &str) -> Result<Vec<PathBuf>> {
     let is_parquet = |p: &Path| p.extension().is_some_and(|e| e == "parquet");
     if spec.contains(['*', '?', '[']) {
         let mut out = Vec::new();
-        for entry in glob::glob(spec).with_context(|| format!("invalid glob `{spec}`"))? {
-            let p = entry.with_context(|| format!("reading glob `{spec}`"))?;
+        let entries = glob::glob(spec).map_err(|source| Error::Glob {
+            spec: spec.to_owned(),
+            source,
+        })?;
+        for entry in entries {
+            let p = entry.map_err(|source| Error::GlobEntry {
+                spec: spec.to_owned(),
+                source,
+            })?;
             if p.is_file() && is_parquet(&p) {
                 out.push(p);
             }
         }
         if out.is_empty() {
-            bail!("glob `{spec}` matches no .parquet file");
+            return Err(Error::GlobEmpty {
+                spec: spec.to_owned(),
+            });
         }
         return Ok(out);
     }
@@ -169,21 +184,21 @@ fn local_files(spec: &str) -> Result<Vec<PathBuf>> {
         return Ok(vec![path.to_owned()]);
     }
     if !path.is_dir() {
-        bail!("{spec}: no such file or directory");
+        return Err(Error::NotFound {
+            spec: spec.to_owned(),
+        });
     }
     let data = path.join("data");
     let dir = if data.is_dir() { data } else { path.to_owned() };
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
-        let p = entry
-            .with_context(|| format!("listing {}", dir.display()))?
-            .path();
+    for entry in std::fs::read_dir(&dir).map_err(Error::io("listing", &dir))? {
+        let p = entry.map_err(Error::io("listing", &dir))?.path();
         if p.is_file() && is_parquet(&p) {
             out.push(p);
         }
     }
     if out.is_empty() {
-        bail!("{}: no .parquet files", dir.display());
+        return Err(Error::NoParquetFiles { dir });
     }
     Ok(out)
 }
@@ -212,15 +227,15 @@ pub fn shard_step(path: &Path) -> Result<i64> {
         return Ok(s);
     }
     let fail = || {
-        format!(
-            "{}: cannot tell the shard's step: the file name has no step number (step-NNNN.parquet) \
-             and the `step` column is missing or holds several steps",
-            path.display()
-        )
+        Err(Error::UnknownStep {
+            path: path.to_owned(),
+        })
     };
-    let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    let reader = SerializedFileReader::new(file)
-        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    let file = File::open(path).map_err(Error::io("opening", path))?;
+    let reader = SerializedFileReader::new(file).map_err(|source| Error::NotParquet {
+        path: path.to_owned(),
+        source,
+    })?;
     let meta = reader.metadata();
     let Some(col) = meta
         .file_metadata()
@@ -229,30 +244,30 @@ pub fn shard_step(path: &Path) -> Result<i64> {
         .iter()
         .position(|c| c.path().string() == "step")
     else {
-        bail!(fail());
+        return fail();
     };
     let (mut lo, mut hi) = (i64::MAX, i64::MIN);
     for rg in meta.row_groups() {
         match rg.column(col).statistics() {
             Some(Statistics::Int64(s)) => {
                 let (Some(&a), Some(&b)) = (s.min_opt(), s.max_opt()) else {
-                    bail!(fail())
+                    return fail();
                 };
                 lo = lo.min(a);
                 hi = hi.max(b);
             }
             Some(Statistics::Int32(s)) => {
                 let (Some(&a), Some(&b)) = (s.min_opt(), s.max_opt()) else {
-                    bail!(fail())
+                    return fail();
                 };
                 lo = lo.min(i64::from(a));
                 hi = hi.max(i64::from(b));
             }
-            _ => bail!(fail()),
+            _ => return fail(),
         }
     }
     if lo != hi {
-        bail!(fail());
+        return fail();
     }
     Ok(lo)
 }

@@ -16,10 +16,11 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
 use hf_hub::{Cache, Repo, RepoType};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
+
+use crate::error::{Error, Result};
 
 /// Where and how to reach the hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,10 +270,10 @@ impl HubPath {
         let id = id.trim_end_matches('/');
         let parts: Vec<&str> = id.split('/').collect();
         let invalid = |why: String| {
-            Some(Err(anyhow!(
-                "invalid hub path `{spec}`: {why} (expected hf://datasets/OWNER/NAME or \
-                 hf://OWNER/NAME, optionally @REVISION)"
-            )))
+            Some(Err(Error::HubPath {
+                spec: spec.to_owned(),
+                why,
+            }))
         };
         if parts.len() != 2 {
             return invalid("the repository id is not OWNER/NAME".into());
@@ -336,7 +337,9 @@ impl HubPath {
             .collect();
         names.sort();
         if names.is_empty() {
-            bail!("{}: no file in the repository matches", self.display());
+            return Err(Error::HubNoMatch {
+                repo: self.display(),
+            });
         }
         if cfg.progress && names.len() > 1 {
             eprintln!("{}: {} file(s)", self.display(), names.len());
@@ -344,9 +347,13 @@ impl HubPath {
         let files = names
             .into_iter()
             .map(|n| {
-                let p = self
-                    .fetch(&client, cfg, &listing.sha, &n)
-                    .with_context(|| format!("{}: downloading {n}", self.display()))?;
+                let p =
+                    self.fetch(&client, cfg, &listing.sha, &n)
+                        .map_err(|e| Error::HubDownload {
+                            repo: self.display(),
+                            name: n.clone(),
+                            source: Box::new(e),
+                        })?;
                 Ok((n, p))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -366,7 +373,12 @@ impl HubPath {
             self.repo_id,
             self.revision.replace('/', "%2F")
         );
-        let refused = |msg: String| ListError::Refused(anyhow!("{}: {msg}", self.display()));
+        let refused = |why: String| {
+            ListError::Refused(Error::HubRefused {
+                repo: self.display(),
+                why,
+            })
+        };
         let resp = match client.get(&client.follow, &url).call() {
             Ok(r) => r,
             Err(ureq::Error::Status(code, r)) => {
@@ -407,12 +419,12 @@ impl HubPath {
     ) -> Result<Vec<(String, PathBuf)>> {
         let cached = self.cached_files(&cfg.cache_dir);
         if cached.is_empty() {
-            bail!(
-                "{}: cannot list the repository at {} ({why}), and nothing is cached in {}",
-                self.display(),
-                cfg.endpoint,
-                cfg.cache_dir.display()
-            );
+            return Err(Error::HubUnreachable {
+                repo: self.display(),
+                endpoint: cfg.endpoint.clone(),
+                why: why.to_owned(),
+                cache: cfg.cache_dir.clone(),
+            });
         }
         eprintln!(
             "warning: {}: hub unreachable ({why}); using the cached files",
@@ -421,7 +433,9 @@ impl HubPath {
         let mut out: Vec<_> = cached.into_iter().filter(|(n, _)| wanted(n)).collect();
         out.sort();
         if out.is_empty() {
-            bail!("{}: no cached file matches", self.display());
+            return Err(Error::HubNoCachedMatch {
+                repo: self.display(),
+            });
         }
         Ok(out)
     }
@@ -449,22 +463,21 @@ impl HubPath {
         let blobs = root.join("blobs");
         let blob = blobs.join(&meta.blob);
         if !blob.is_file() {
-            std::fs::create_dir_all(&blobs)
-                .with_context(|| format!("creating {}", blobs.display()))?;
+            std::fs::create_dir_all(&blobs).map_err(Error::io("creating", &blobs))?;
             download_blob(client, cfg, &url, name, meta.size, &blob)?;
         }
         if let Some(dir) = link.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
         }
         if link.symlink_metadata().is_ok() {
             // A link left dangling by a removed blob.
-            std::fs::remove_file(&link).with_context(|| format!("removing {}", link.display()))?;
+            std::fs::remove_file(&link).map_err(Error::io("removing", &link))?;
         }
         let up = "../".repeat(name.split('/').count() + 1);
         let target = PathBuf::from(format!("{up}blobs/{}", meta.blob));
         if let Err(e) = symlink(&target, &link) {
             if !link.is_file() {
-                return Err(e).with_context(|| format!("linking {}", link.display()));
+                return Err(Error::io("linking", &link)(e));
             }
         }
         Ok(link)
@@ -474,9 +487,9 @@ impl HubPath {
     fn write_ref(&self, cfg: &HubConfig, sha: &str) -> Result<()> {
         let path = self.cache_root(cfg).join("refs").join(&self.revision);
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
         }
-        std::fs::write(&path, sha).with_context(|| format!("writing {}", path.display()))
+        std::fs::write(&path, sha).map_err(Error::io("writing", &path))
     }
 
     /// Files of this revision's cached snapshot, as `(name in repo, path)`.
@@ -513,7 +526,7 @@ impl HubPath {
 /// something that is refused.
 enum ListError {
     Unreachable(String),
-    Refused(anyhow::Error),
+    Refused(Error),
 }
 
 #[cfg(unix)]
@@ -542,8 +555,13 @@ fn file_meta(client: &Client, url: &str) -> Result<FileMeta> {
             .call()
         {
             Ok(r) => r,
-            Err(ureq::Error::Status(code, _)) => bail!("{url} answered {code}"),
-            Err(e) => bail!("{url}: {e}"),
+            Err(ureq::Error::Status(code, _)) => return Err(Error::HubStatus { url, code }),
+            Err(e) => {
+                return Err(Error::HubRequest {
+                    url,
+                    source: Box::new(e),
+                })
+            }
         };
         let relative = resp
             .header("Location")
@@ -561,8 +579,14 @@ fn file_meta(client: &Client, url: &str) -> Result<FileMeta> {
     let etag = resp
         .header("X-Linked-Etag")
         .or_else(|| resp.header("ETag"))
-        .ok_or_else(|| anyhow!("{url}: the answer has no ETag"))?;
-    let blob = blob_name(etag).map_err(|e| anyhow!("{url}: refusing the file: {e}"))?;
+        .ok_or_else(|| Error::HubFile {
+            url: url.clone(),
+            why: "the answer has no ETag".into(),
+        })?;
+    let blob = blob_name(etag).map_err(|e| Error::HubFile {
+        url: url.clone(),
+        why: format!("refusing the file: {e}"),
+    })?;
     let size = resp
         .header("X-Linked-Size")
         .and_then(|s| s.trim().parse().ok())
@@ -600,8 +624,18 @@ fn download_blob(
         .call()
     {
         Ok(r) => r,
-        Err(ureq::Error::Status(code, _)) => bail!("{url} answered {code}"),
-        Err(e) => bail!("{url}: {e}"),
+        Err(ureq::Error::Status(code, _)) => {
+            return Err(Error::HubStatus {
+                url: url.to_owned(),
+                code,
+            })
+        }
+        Err(e) => {
+            return Err(Error::HubRequest {
+                url: url.to_owned(),
+                source: Box::new(e),
+            })
+        }
     };
     let size = size.or_else(|| {
         resp.header("Content-Length")
@@ -609,8 +643,7 @@ fn download_blob(
     });
     let tmp = blob.with_extension(format!("{}.part", std::process::id()));
     let result = (|| -> Result<u64> {
-        let mut file =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut file = std::fs::File::create(&tmp).map_err(Error::io("creating", &tmp))?;
         let bar = if cfg.progress {
             indicatif::ProgressBar::new(size.unwrap_or(0))
         } else {
@@ -626,12 +659,12 @@ fn download_blob(
         // One byte past the announced size is enough to tell that the body is too long.
         let limit = size.map_or(u64::MAX, |s| s.saturating_add(1));
         let mut reader = bar.wrap_read(resp.into_reader().take(limit));
-        let n = std::io::copy(&mut reader, &mut file)
-            .with_context(|| format!("downloading into {}", tmp.display()))?;
+        let n =
+            std::io::copy(&mut reader, &mut file).map_err(Error::io("downloading into", &tmp))?;
         bar.finish_and_clear();
-        file.flush()?;
-        file.sync_all()
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        file.flush()
+            .and_then(|()| file.sync_all())
+            .map_err(Error::io("writing", &tmp))?;
         Ok(n)
     })();
     let written = match result {
@@ -644,10 +677,14 @@ fn download_blob(
     if let Some(s) = size {
         if written != s {
             let _ = std::fs::remove_file(&tmp);
-            bail!("{url}: received {written} bytes, the hub announced {s}");
+            return Err(Error::HubSize {
+                url: url.to_owned(),
+                received: written,
+                announced: s,
+            });
         }
     }
-    std::fs::rename(&tmp, blob).with_context(|| format!("writing {}", blob.display()))
+    std::fs::rename(&tmp, blob).map_err(Error::io("writing", blob))
 }
 
 /// Resolves a hub path to the local snapshot directory holding the files that satisfy `wanted`

@@ -8,6 +8,7 @@
 
 pub mod batch;
 pub mod dataset;
+pub mod error;
 pub mod hub;
 mod lists;
 mod pages;
@@ -21,6 +22,7 @@ pub mod write;
 
 pub use batch::RolloutBatch;
 pub use dataset::{shard_step, step_from_name, Dataset, StepIter};
+pub use error::{Error, Result};
 pub use hub::{resolve_hub_path, HubConfig, HubKind, HubPath};
 pub use read::{
     read_footer, read_shard, read_shard_reusing, validate_shard, ReadOptions, ShardFooter,

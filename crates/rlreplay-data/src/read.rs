@@ -10,7 +10,6 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Result;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
@@ -25,6 +24,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::ParquetMetaData;
 
 use crate::batch::RolloutBatch;
+use crate::error::{chain, Error, Result};
 use crate::lists::{read_float_lists, read_token_lists, ListLeaf, ListSource};
 use crate::report::{Issue, IssueKind, ValidationReport, DEFAULT_EOS};
 
@@ -93,11 +93,14 @@ pub fn read_shard_reusing(
     if !opts.lenient && !report.is_clean() {
         let first = report.issues[0].clone();
         let more = report.issue_count() - 1;
-        let err = anyhow::Error::new(first);
         return Err(if more > 0 {
-            err.context(format!("{more} more problem(s) in {}", path.display()))
+            Error::MoreIssues {
+                path: path.to_owned(),
+                more,
+                first: Box::new(first),
+            }
         } else {
-            err
+            Error::Issue(first)
         });
     }
     Ok((batch, report))
@@ -110,9 +113,9 @@ pub fn validate_shard(path: &Path, step: i64, opts: &ReadOptions) -> ValidationR
         Ok((_, report)) => report,
         Err(e) => {
             let mut report = ValidationReport::default();
-            report.push(match e.downcast::<Issue>() {
-                Ok(issue) => issue,
-                Err(e) => Issue::new(path, None, None, IssueKind::Unreadable, format!("{e:#}")),
+            report.push(match e {
+                Error::Issue(issue) => issue,
+                e => Issue::new(path, None, None, IssueKind::Unreadable, chain(&e)),
             });
             report
         }
@@ -160,7 +163,7 @@ pub fn read_footer(path: &Path) -> Result<ShardFooter> {
 /// A shard's footer metadata, its resolved columns and its row count.
 fn open_footer(path: &Path) -> Result<(ArrowReaderMetadata, Columns, usize)> {
     let unreadable =
-        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+        |msg: String| Error::Issue(Issue::new(path, None, None, IssueKind::Unreadable, msg));
     let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
     let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| unreadable(format!("not a readable Parquet file: {e}")))?;
@@ -200,7 +203,7 @@ fn load(
     spare: Option<RolloutBatch>,
 ) -> Result<(RolloutBatch, ValidationReport)> {
     let unreadable =
-        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+        |msg: String| Error::Issue(Issue::new(path, None, None, IssueKind::Unreadable, msg));
     // The decoder must never take the process down on a malformed file: a panic inside it is
     // reported like any other corruption.
     let decoded = std::panic::catch_unwind(|| decode(path, opts, spare)).map_err(|p| {
@@ -289,7 +292,7 @@ fn resolve(path: &Path, schema: &Schema) -> Result<Columns> {
     let lookup = |aliases: &[&str], required: bool, ok: &dyn Fn(&DataType) -> bool, want: &str| {
         let Some(field) = aliases.iter().find_map(|a| schema.field_with_name(a).ok()) else {
             if required {
-                return Err(anyhow::Error::new(Issue::new(
+                return Err(Error::Issue(Issue::new(
                     path,
                     None,
                     Some(aliases[0]),
@@ -304,7 +307,7 @@ fn resolve(path: &Path, schema: &Schema) -> Result<Columns> {
             return Ok(None);
         };
         if !ok(field.data_type()) {
-            return Err(anyhow::Error::new(Issue::new(
+            return Err(Error::Issue(Issue::new(
                 path,
                 None,
                 Some(field.name()),
@@ -378,7 +381,7 @@ struct Decoded {
 fn decode(path: &Path, opts: &ReadOptions, spare: Option<RolloutBatch>) -> Result<Decoded> {
     let spare = Spare::from(spare);
     let unreadable =
-        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+        |msg: String| Error::Issue(Issue::new(path, None, None, IssueKind::Unreadable, msg));
     let (meta, cols, rows) = open_footer(path)?;
 
     let meta_cols: Vec<&str> = [&cols.uid, &cols.score]
@@ -603,7 +606,7 @@ fn list_source<'a>(
     name: &'a str,
 ) -> Result<ListSource<'a>> {
     let unreadable =
-        |msg: String| anyhow::Error::new(Issue::new(path, None, None, IssueKind::Unreadable, msg));
+        |msg: String| Error::Issue(Issue::new(path, None, None, IssueKind::Unreadable, msg));
     let leaf = ListLeaf::find(meta, name).map_err(unreadable)?;
     let file = File::open(path).map_err(|e| unreadable(format!("cannot open: {e}")))?;
     Ok(ListSource {

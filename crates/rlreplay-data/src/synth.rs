@@ -9,12 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Beta, Distribution, Exp, LogNormal};
 
 use crate::batch::RolloutBatch;
+use crate::error::{Error, Result};
 use crate::report::DEFAULT_EOS;
 use crate::write::ShardWriter;
 
@@ -83,16 +83,19 @@ impl SynthConfig {
     }
 
     fn check(&self) -> Result<()> {
-        ensure!(self.vocab >= 2, "vocab must be at least 2");
-        ensure!(
-            self.max_len > self.pattern_len,
-            "max_len must exceed the pattern length"
-        );
-        ensure!(self.mean_len >= 1.0, "mean_len must be at least 1");
-        ensure!(
-            self.prompts >= 1 && self.group >= 1,
-            "prompts and group must be at least 1"
-        );
+        let fail = |what| Err(Error::Synth(what));
+        if self.vocab < 2 {
+            return fail("vocab must be at least 2");
+        }
+        if self.max_len <= self.pattern_len {
+            return fail("max_len must exceed the pattern length");
+        }
+        if self.mean_len.is_nan() || self.mean_len < 1.0 {
+            return fail("mean_len must be at least 1");
+        }
+        if self.prompts < 1 || self.group < 1 {
+            return fail("prompts and group must be at least 1");
+        }
         Ok(())
     }
 }
@@ -103,9 +106,10 @@ pub fn generate(cfg: &SynthConfig, step: i64) -> Result<RolloutBatch> {
     let mut rng =
         StdRng::seed_from_u64(cfg.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let sigma = 0.6f64;
-    let lengths = LogNormal::new(cfg.mean_len.ln() - sigma * sigma / 2.0, sigma)?;
-    let pass = Beta::new(0.5, 0.5)?;
-    let lp = Exp::new(3.0f32)?;
+    let lengths = LogNormal::new(cfg.mean_len.ln() - sigma * sigma / 2.0, sigma)
+        .map_err(|_| Error::Synth("mean_len must be finite"))?;
+    let pass = Beta::new(0.5, 0.5).map_err(|_| Error::Synth("invalid distribution constant"))?;
+    let lp = Exp::new(3.0f32).map_err(|_| Error::Synth("invalid distribution constant"))?;
     let pattern = cfg.success_pattern();
     let rows = cfg.prompts * cfg.group;
     let mut b = RolloutBatch::empty(step);

@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
 pub use tokenizers::Tokenizer;
 
+use crate::error::{Error, Result};
 use crate::hub::{resolve_hub_path, HubPath};
 
 /// Where the Qwen3 tokenizer is installed inside a checkout (by `scripts/install-tokenizer.sh`).
@@ -35,7 +35,5 @@ pub fn load_tokenizer(spec: &str) -> Result<Tokenizer> {
             p.to_owned()
         }
     };
-    Tokenizer::from_file(&file)
-        .map_err(|e| anyhow!("{e}"))
-        .with_context(|| format!("loading tokenizer {}", file.display()))
+    Tokenizer::from_file(&file).map_err(|error| Error::LoadTokenizer { path: file, error })
 }

@@ -4,7 +4,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
 use arrow_array::{
     ArrayRef, Float32Array, Int32Array, Int64Array, ListArray, RecordBatch, StringArray,
 };
@@ -16,6 +15,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
 use crate::batch::RolloutBatch;
+use crate::error::{Error, Result};
 
 /// The canonical Arrow schema rlreplay writes.
 pub fn canonical_schema() -> Arc<Schema> {
@@ -79,13 +79,15 @@ impl ShardWriter {
     pub fn write_to(&self, path: &Path, batch: &RolloutBatch) -> Result<()> {
         let record = to_record_batch(batch)?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("shard");
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let result = (|| -> Result<()> {
-            let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-            let level = ZstdLevel::try_new(self.zstd_level)
-                .with_context(|| format!("invalid zstd level {}", self.zstd_level))?;
+            let file = File::create(&tmp).map_err(Error::io("creating", &tmp))?;
+            let level = ZstdLevel::try_new(self.zstd_level).map_err(|source| Error::ZstdLevel {
+                level: self.zstd_level,
+                source,
+            })?;
             let no_dict = |c: &str, b: parquet::file::properties::WriterPropertiesBuilder| {
                 b.set_column_dictionary_enabled(
                     ColumnPath::from(vec![c.to_owned(), "list".into(), "item".into()]),
@@ -103,15 +105,21 @@ impl ShardWriter {
             let mut w = ArrowWriter::try_new(file, record.schema(), Some(props.build()))?;
             w.write(&record)?;
             let file = w.into_inner()?;
-            file.sync_all()?;
+            file.sync_all().map_err(Error::io("writing", &tmp))?;
             Ok(())
         })();
         if let Err(e) = result {
             let _ = std::fs::remove_file(&tmp);
-            return Err(e.context(format!("writing {}", path.display())));
+            return Err(Error::WriteShard {
+                path: path.to_owned(),
+                source: Box::new(e),
+            });
         }
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        std::fs::rename(&tmp, path).map_err(|source| Error::Rename {
+            from: tmp.clone(),
+            to: path.to_owned(),
+            source,
+        })?;
         Ok(())
     }
 }
@@ -144,22 +152,21 @@ pub fn to_record_batch(b: &RolloutBatch) -> Result<RecordBatch> {
         .iter()
         .all(|&l| l == n);
     if !consistent {
-        bail!(
-            "inconsistent batch for step {}: column lengths or offsets disagree",
-            b.step
-        );
+        return Err(Error::InconsistentBatch { step: b.step });
     }
     let ids = |toks: &[u32], offs: &[usize]| -> Result<ArrayRef> {
         let vals: Vec<i32> = toks
             .iter()
             .map(|&t| i32::try_from(t))
-            .collect::<Result<_, _>>()
-            .context("token id does not fit int32")?;
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| Error::Int32 { what: "token id" })?;
         let offs: Vec<i32> = offs
             .iter()
             .map(|&o| i32::try_from(o))
-            .collect::<Result<_, _>>()
-            .context("too many tokens in one shard for int32 offsets")?;
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| Error::Int32 {
+                what: "token offset (too many tokens in one shard)",
+            })?;
         let item = Arc::new(Field::new("item", DataType::Int32, false));
         Ok(Arc::new(ListArray::try_new(
             item,

@@ -12,7 +12,7 @@ use common::{small_batch, write_columns};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rlreplay_data::{
-    read_shard, validate_shard, write_shard, Issue, IssueKind, ReadOptions, RolloutBatch,
+    read_shard, validate_shard, write_shard, IssueKind, ReadOptions, RolloutBatch,
 };
 
 const STRICT: ReadOptions = ReadOptions {
@@ -41,7 +41,7 @@ fn expect_issue(
 ) -> String {
     let err = read_shard(path, 1, opts).expect_err("bad input must be an error");
     let issue = err
-        .downcast_ref::<Issue>()
+        .issue()
         .unwrap_or_else(|| panic!("not an Issue: {err:#}"));
     assert_eq!(issue.kind, kind, "{err:#}");
     assert_eq!(issue.row, row, "{err:#}");

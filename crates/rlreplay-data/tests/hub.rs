@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use common::small_config;
+use rlreplay_data::error::chain;
 use rlreplay_data::synth::write_dataset;
 use rlreplay_data::{Dataset, HubConfig, HubPath, ReadOptions, StepRange};
 
@@ -323,7 +324,7 @@ fn unsafe_listed_names_are_refused_before_any_download() {
             &(|n: &str| n.ends_with(".parquet")) as &dyn Fn(&str) -> bool,
             &|n: &str| n == "README.md",
         ] {
-            let err = format!("{:#}", path.download(&cfg, wanted).unwrap_err());
+            let err = chain(&path.download(&cfg, wanted).unwrap_err());
             assert!(
                 err.contains("unsafe file") && err.contains(&format!("{bad:?}")),
                 "{bad}: {err}"
@@ -386,7 +387,7 @@ fn unsafe_commit_ids_and_etags_are_refused() {
             .unwrap()
             .download(&cfg, &|n| n == "README.md")
             .unwrap_err();
-        let err = format!("{err:#}");
+        let err = chain(&err);
         assert!(err.contains(needle), "{err}");
         assert_eq!(hub.downloads(), Vec::<String>::new());
         // Nothing outside the cache, and no blob inside it.

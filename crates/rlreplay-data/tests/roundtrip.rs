@@ -11,7 +11,7 @@ use arrow_array::{ArrayRef, BooleanArray, Int32Array, StringArray};
 use common::{small_batch, small_config, write_columns};
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_data::{
-    read_footer, read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, Issue, IssueKind,
+    read_footer, read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, IssueKind,
     ReadOptions, StepRange,
 };
 
@@ -324,7 +324,7 @@ fn missing_column_lists_the_columns_found() {
         ],
     );
     let err = read_shard(&path, 1, &ReadOptions::default()).unwrap_err();
-    let issue = err.downcast_ref::<Issue>().unwrap();
+    let issue = err.issue().unwrap();
     assert_eq!(issue.kind, IssueKind::MissingColumn);
     let msg = err.to_string();
     assert!(msg.contains("step-0001.parquet"), "{msg}");

@@ -18,13 +18,13 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use anyhow::{anyhow, bail, Context, Result};
 use regex::Regex;
 use rlreplay_data::RolloutBatch;
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use serde::{Deserialize, Serialize};
 
 use crate::config::SelfDistillationSection;
+use crate::error::{Error, Result};
 use crate::rundir::Metrics;
 use crate::source::StepText;
 
@@ -142,15 +142,14 @@ impl ContextConfig {
             ),
         ] {
             let values: Vec<(&str, &str)> = names.iter().map(|n| (*n, "")).collect();
-            format_template(template, &values).with_context(|| {
-                format!(
-                    "[self_distillation] {key}: the placeholders are {}",
-                    names
-                        .iter()
-                        .map(|n| format!("{{{n}}}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
+            format_template(template, &values).map_err(|e| Error::TemplatePlaceholders {
+                key,
+                placeholders: names
+                    .iter()
+                    .map(|n| format!("{{{n}}}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                source: Box::new(e),
             })?;
         }
         Ok(())
@@ -248,6 +247,10 @@ pub fn remove_thinking(text: &str) -> String {
 /// Fills `{name}` placeholders in one pass (values are never re-scanned); `{{` and `}}` are
 /// literal braces, as in Python's `str.format`. An unknown or unclosed placeholder is an error.
 pub fn format_template(template: &str, values: &[(&str, &str)]) -> Result<String> {
+    let bad = |why: String| Error::Template {
+        template: template.to_owned(),
+        why,
+    };
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(i) = rest.find(['{', '}']) {
@@ -257,17 +260,15 @@ pub fn format_template(template: &str, values: &[(&str, &str)]) -> Result<String
             out.push(tail.as_bytes()[0] as char);
             rest = &tail[2..];
         } else if tail.starts_with('}') {
-            bail!("template {template:?}: single '}}' outside a placeholder");
+            return Err(bad("single '}' outside a placeholder".into()));
         } else {
-            let end = tail
-                .find('}')
-                .ok_or_else(|| anyhow!("template {template:?}: unclosed '{{'"))?;
+            let end = tail.find('}').ok_or_else(|| bad("unclosed '{'".into()))?;
             let name = &tail[1..end];
             let value = values
                 .iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| *v)
-                .ok_or_else(|| anyhow!("template {template:?}: unknown placeholder {{{name}}}"))?;
+                .ok_or_else(|| bad(format!("unknown placeholder {{{name}}}")))?;
             out.push_str(value);
             rest = &tail[end + 1..];
         }
@@ -288,10 +289,10 @@ pub fn build_contexts(rows: &[ContextRow<'_>], cfg: &ContextConfig) -> Result<Ve
     rows.iter()
         .enumerate()
         .map(|(i, r)| {
-            let (last, system) = r
-                .messages
-                .split_last()
-                .ok_or_else(|| anyhow!("row {i}: the prompt has no messages"))?;
+            let (last, system) = r.messages.split_last().ok_or_else(|| Error::Row {
+                row: i,
+                why: "the prompt has no messages".into(),
+            })?;
             let correct = r.score >= cfg.success_reward_threshold;
             let (demo_row, demonstration) = match cfg.context {
                 ContextMode::Reference => (None, r.ground_truth.map(str::to_owned)),
@@ -407,10 +408,12 @@ pub fn encode_teacher_prompt(
     let (piece, is_demo) = match (&ctx.demonstration, &ctx.feedback) {
         (Some(d), _) => (d.as_str(), true),
         (None, Some(f)) => (f.as_str(), false),
-        (None, None) => bail!(
-            "the prompt alone is {} tokens, over max_reprompt_len = {max}",
-            full.len()
-        ),
+        (None, None) => {
+            return Err(Error::TeacherPrompt(format!(
+                "the prompt alone is {} tokens, over max_reprompt_len = {max}",
+                full.len()
+            )))
+        }
     };
     let piece_ids = enc.encode_text(piece)?;
     let mut keep = piece_ids.len().saturating_sub(full.len() - max);
@@ -434,10 +437,10 @@ pub fn encode_teacher_prompt(
         }
         keep = keep.saturating_sub(ids.len() - max);
     }
-    bail!(
+    Err(Error::TeacherPrompt(format!(
         "the teacher prompt does not fit max_reprompt_len = {max} even without its {}",
         if is_demo { "demonstration" } else { "feedback" }
-    )
+    )))
 }
 
 /// The SDPO math feedback on an attempt: empty when correct; otherwise a truncation message, a
@@ -622,20 +625,24 @@ pub fn decode_rows(batch: &RolloutBatch, chat: &ChatTokenizer, origin: &str) -> 
         responses: Vec::with_capacity(n),
     };
     for i in 0..n {
-        let at = |what: &str| format!("{origin}: row {i}: decoding the {what}");
-        let prompt = chat
-            .decode(batch.prompt(i), false)
-            .with_context(|| at("prompt"))?;
+        let at = |what: &'static str| {
+            move |source| Error::Decode {
+                origin: origin.to_owned(),
+                row: i,
+                what,
+                source: Box::new(source),
+            }
+        };
+        let prompt = chat.decode(batch.prompt(i), false).map_err(at("prompt"))?;
         text.messages.push(match parse_chat_prompt(&prompt) {
             Some(m) => m,
             None => vec![Message::user(
-                chat.decode(batch.prompt(i), true)
-                    .with_context(|| at("prompt"))?,
+                chat.decode(batch.prompt(i), true).map_err(at("prompt"))?,
             )],
         });
         text.responses.push(
             chat.decode(batch.response(i), true)
-                .with_context(|| at("response"))?,
+                .map_err(at("response"))?,
         );
     }
     Ok(text)
@@ -657,12 +664,20 @@ pub fn check_columns(
     };
     if let Some(why) = needs_truth {
         if batch.ground_truth.iter().all(Option::is_none) {
-            bail!("{source}: [self_distillation] {why} needs the `ground_truth` column, which the data lacks");
+            return Err(Error::Rollouts {
+                origin: source.to_owned(),
+                why: format!(
+                    "[self_distillation] {why} needs the `ground_truth` column, which the data lacks"
+                ),
+            });
         }
         if let Some(i) = batch.ground_truth.iter().position(Option::is_none) {
-            bail!(
-                "{source}: row {i}: [self_distillation] {why} needs `ground_truth`, which is null"
-            );
+            return Err(Error::Rollouts {
+                origin: source.to_owned(),
+                why: format!(
+                    "row {i}: [self_distillation] {why} needs `ground_truth`, which is null"
+                ),
+            });
         }
     }
     Ok(())

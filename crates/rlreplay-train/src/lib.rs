@@ -17,6 +17,7 @@
 
 pub mod config;
 pub mod context;
+pub mod error;
 pub mod plot;
 pub mod prompts;
 pub mod rundir;
@@ -29,5 +30,6 @@ pub mod update;
 pub mod validate;
 
 pub use config::Config;
+pub use error::{Error, Result};
 pub use source::{RolloutSource, RolloutStep, SourceKind};
 pub use trainer::{run, RunOptions, RunSummary, Trainer, TrainerState};

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use anyhow::Result;
 use rlreplay_plot::{Panel, Series};
 
+use crate::error::Result;
 use crate::rundir::ScoreHistory;
 
 /// `(training_scores.csv column, legend)` of each line of a panel.

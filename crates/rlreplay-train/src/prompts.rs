@@ -1,12 +1,12 @@
 //! Prompt sets and their rewards: the training and validation prompts (files, or the toy task)
 //! rendered with the chat template, and the reward that enters training.
 
-use anyhow::{bail, Result};
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
 use rlreplay_reward::RewardOutcome;
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 
 use crate::config::{Config, Task};
+use crate::error::{Error, Result};
 use crate::source::SourceKind;
 use crate::toy;
 
@@ -60,7 +60,12 @@ fn toy_items(problems: &[toy::Problem]) -> Vec<PromptItem> {
 pub fn training_prompts(cfg: &Config, chat: &ChatTokenizer) -> Result<Vec<Prompt>> {
     let mut items = match (cfg.data.task(), &cfg.data.train_files) {
         (Task::Files, Some(path)) => read_prompts(path)?,
-        (Task::Files, None) => bail!("[data] task = \"files\" needs data.train_files"),
+        (Task::Files, None) => {
+            return Err(Error::config(
+                "data.train_files",
+                "[data] task = \"files\" needs data.train_files",
+            ))
+        }
         (Task::Toy, _) => toy_items(&cfg.toy.split()?.0),
     };
     if cfg.data.train_max_samples > 0 {
@@ -92,7 +97,7 @@ fn encode(
     cfg: &Config,
     chat: &ChatTokenizer,
     items: Vec<PromptItem>,
-    what: &str,
+    what: &'static str,
 ) -> Result<Vec<Prompt>> {
     let options = ChatOptions {
         add_generation_prompt: true,
@@ -105,12 +110,12 @@ fn encode(
             if cfg.data.filter_overlong_prompts {
                 continue;
             }
-            bail!(
-                "{what} prompt {} has {} tokens, over max_prompt_length = {}",
-                item.index,
-                ids.len(),
-                cfg.data.max_prompt_length
-            );
+            return Err(Error::PromptTooLong {
+                set: what,
+                index: item.index,
+                tokens: ids.len(),
+                max: cfg.data.max_prompt_length,
+            });
         }
         out.push(Prompt { item, ids });
     }

@@ -28,10 +28,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
 use rlreplay_tensorboard::EventWriter;
 
 use crate::config::Logger;
+use crate::error::{Error, IoContext, Result};
 
 /// Name of the file inside a checkpoint that records the trainer state; written last.
 pub const TRAINER_STATE: &str = "trainer_state.json";
@@ -76,12 +76,16 @@ pub const TIMING_PREFIXES: [&str; 2] = ["perf/", "timing_s/"];
 /// compare equal.
 pub fn read_metrics(run_dir: &Path, timing: bool) -> Result<Vec<serde_json::Value>> {
     let path = run_dir.join("metrics.jsonl");
-    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text = fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
     text.lines()
         .enumerate()
         .map(|(i, line)| {
             let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
-                .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+                .map_err(|source| Error::JsonLine {
+                    path: path.clone(),
+                    line: i + 1,
+                    source,
+                })?;
             if !timing {
                 m.retain(|k, _| !TIMING_PREFIXES.iter().any(|p| k.starts_with(p)));
             }
@@ -95,35 +99,41 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
-        .with_context(|| format!("{}: not a file path", path.display()))?;
+        .ok_or_else(|| Error::io("writing", path)(std::io::ErrorKind::InvalidInput.into()))?;
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         name.to_string_lossy(),
         std::process::id()
     ));
     {
-        let mut f =
-            File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+            .map_err(Error::io("cannot write", &tmp));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
     }
-    fs::rename(&tmp, path).with_context(|| format!("cannot rename into {}", path.display()))?;
+    fs::rename(&tmp, path).map_err(Error::io("cannot rename into", path))?;
     sync_dir(dir)
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot sync directory {}", dir.display()))
+        .map_err(Error::io("cannot sync directory", dir))
 }
 
 fn sync_tree(dir: &Path) -> Result<()> {
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            sync_tree(&entry.path())?;
+    for entry in fs::read_dir(dir).at("cannot list", dir)? {
+        let entry = entry.at("cannot list", dir)?;
+        let path = entry.path();
+        if entry.file_type().at("cannot list", dir)?.is_dir() {
+            sync_tree(&path)?;
         } else {
-            File::open(entry.path())?.sync_all()?;
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .at("cannot sync", &path)?;
         }
     }
     sync_dir(dir)
@@ -134,10 +144,9 @@ fn sync_tree(dir: &Path) -> Result<()> {
 /// elsewhere. Both training fronts call it before writing anything.
 pub fn refuse_existing_run(dir: &Path) -> Result<()> {
     if dir.join("metrics.jsonl").exists() || dir.join("checkpoints").is_dir() {
-        bail!(
-            "{} already holds a run: pass --resume to continue it, or choose another --out",
-            dir.display()
-        );
+        return Err(Error::ExistingRun {
+            dir: dir.to_owned(),
+        });
     }
     Ok(())
 }
@@ -158,8 +167,7 @@ impl RunLock {
     /// Creates `dir` when missing and takes its lock. While another process holds it, the error
     /// names that process's pid.
     pub fn acquire(dir: &Path) -> Result<Self> {
-        fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+        fs::create_dir_all(dir).map_err(Error::io("cannot create run directory", dir))?;
         let path = dir.join(LOCK);
         let mut file = OpenOptions::new()
             .read(true)
@@ -167,7 +175,7 @@ impl RunLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            .with_context(|| format!("cannot open the run directory's lock {}", path.display()))?;
+            .map_err(Error::io("cannot open the run directory's lock", &path))?;
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => {}
             Err(fs4::TryLockError::WouldBlock) => {
@@ -182,20 +190,17 @@ impl RunLock {
                     }
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                bail!(
-                    "{} is in use by another rlreplay process ({}): wait for it to finish or \
-                     choose another --out",
-                    dir.display(),
-                    holder.map_or("pid unknown".to_string(), |p| format!("pid {p}"))
-                );
+                return Err(Error::Locked {
+                    dir: dir.to_owned(),
+                    holder: holder.map_or("pid unknown".to_string(), |p| format!("pid {p}")),
+                });
             }
-            Err(fs4::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
-            }
+            Err(fs4::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &path)(e)),
         }
-        file.set_len(0)?;
-        writeln!(file, "{}", std::process::id())?;
-        file.sync_all()?;
+        file.set_len(0)
+            .and_then(|()| writeln!(file, "{}", std::process::id()))
+            .and_then(|()| file.sync_all())
+            .at("cannot write", &path)?;
         Ok(Self { _file: file })
     }
 }
@@ -215,27 +220,23 @@ pub fn check_resumed_config<T: PartialEq + serde::Serialize>(
         // Killed before anything was saved: there is nothing to continue or compare with.
         return Ok(());
     }
-    let saved = fs::read_to_string(&path)
-        .with_context(|| format!("--resume: cannot read {}", path.display()))?;
-    let saved = parse(&saved).with_context(|| format!("--resume: {}", path.display()))?;
+    let saved = fs::read_to_string(&path).map_err(Error::io("--resume: cannot read", &path))?;
+    let saved = parse(&saved).map_err(|e| Error::SavedConfig {
+        path: path.clone(),
+        source: Box::new(e),
+    })?;
     let (saved, current) = (comparable(&saved), comparable(current));
     if saved != current {
         let mut changed = Vec::new();
-        changed_keys(
-            &serde_json::to_value(&saved)?,
-            &serde_json::to_value(&current)?,
-            "",
-            &mut changed,
-        );
+        changed_keys(&to_json(&saved)?, &to_json(&current)?, "", &mut changed);
         if changed.is_empty() {
             changed.push("a value that compares unequal to itself".into());
         }
-        bail!(
-            "--resume: the configuration differs from the run's {}: {} (only {may_change} may \
-             change)",
-            path.display(),
-            changed.join("; ")
-        );
+        return Err(Error::ConfigChanged {
+            path,
+            changed,
+            may_change: may_change.to_string(),
+        });
     }
     Ok(())
 }
@@ -288,8 +289,8 @@ impl RunDir {
     /// marker at `resume_step + 1`, so TensorBoard drops what earlier files hold from there on.
     pub fn open(root: &Path, resume_step: u64, loggers: &[Logger]) -> Result<Self> {
         fs::create_dir_all(root.join("checkpoints"))
-            .with_context(|| format!("cannot create run directory {}", root.display()))?;
-        fs::create_dir_all(root.join("plots"))?;
+            .map_err(Error::io("cannot create run directory", root))?;
+        fs::create_dir_all(root.join("plots")).at("cannot create", &root.join("plots"))?;
         let metrics_path = root.join("metrics.jsonl");
         let scores_path = root.join("training_scores.csv");
         truncate_lines(&metrics_path, resume_step, |line| {
@@ -304,19 +305,19 @@ impl RunDir {
             .create(true)
             .append(true)
             .open(&scores_path)
-            .with_context(|| format!("cannot open {}", scores_path.display()))?;
-        if scores.metadata()?.len() == 0 {
+            .map_err(Error::io("cannot open", &scores_path))?;
+        if scores.metadata().at("cannot read", &scores_path)?.len() == 0 {
             let header: Vec<&str> = std::iter::once("step")
                 .chain(CSV_COLUMNS.iter().map(|c| c.0))
                 .collect();
-            writeln!(scores, "{}", header.join(","))?;
+            writeln!(scores, "{}", header.join(",")).at("cannot write", &scores_path)?;
         }
         let metrics = if loggers.contains(&Logger::Jsonl) {
             let f = OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&metrics_path)
-                .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+                .map_err(Error::io("cannot open", &metrics_path))?;
             Some(f)
         } else {
             None
@@ -326,7 +327,8 @@ impl RunDir {
             let earlier = dir.is_dir() && !rlreplay_tensorboard::event_files(&dir)?.is_empty();
             let mut w = EventWriter::create(&dir)?;
             if earlier {
-                let step = i64::try_from(resume_step + 1).context("resume step")?;
+                let step = i64::try_from(resume_step + 1)
+                    .map_err(|_| Error::StepRange(resume_step + 1))?;
                 w.restart_at(step, rlreplay_tensorboard::now())?;
                 w.flush()?;
             }
@@ -363,11 +365,12 @@ impl RunDir {
                     serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, Into::into);
                 obj.insert(k.clone(), v);
             }
-            writeln!(f, "{}", serde_json::Value::Object(obj))?;
-            f.flush()?;
+            writeln!(f, "{}", serde_json::Value::Object(obj))
+                .and_then(|()| f.flush())
+                .at("cannot write", &self.root.join("metrics.jsonl"))?;
         }
         if let Some(w) = &mut self.events {
-            let step = i64::try_from(step).context("step")?;
+            let step = i64::try_from(step).map_err(|_| Error::StepRange(step))?;
             let scalars = metrics.iter().map(|(k, v)| (k.as_str(), *v));
             w.add_scalars(step, rlreplay_tensorboard::now(), scalars)?;
             w.flush()?;
@@ -378,16 +381,16 @@ impl RunDir {
                 .iter()
                 .map(|(_, key)| metrics.get(*key).map_or(String::new(), |v| format!("{v}"))),
         );
-        writeln!(self.scores, "{}", row.join(","))?;
-        self.scores.flush()?;
+        writeln!(self.scores, "{}", row.join(","))
+            .and_then(|()| self.scores.flush())
+            .at("cannot write", &self.root.join("training_scores.csv"))?;
         Ok(())
     }
 
     /// Reads back the columns of `training_scores.csv`, for the plots.
     pub fn score_history(&self) -> Result<ScoreHistory> {
         let path = self.root.join("training_scores.csv");
-        let text =
-            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
         let mut out = ScoreHistory::new();
@@ -422,29 +425,45 @@ impl RunDir {
     ) -> Result<PathBuf> {
         let ckpts = self.checkpoints();
         let tmp = ckpts.join(format!(".tmp-global_step_{step}-{}", std::process::id()));
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp)?;
-        }
-        fs::create_dir_all(&tmp)?;
-        if let Err(e) = fill(&tmp) {
-            let _ = fs::remove_dir_all(&tmp);
-            return Err(e.context(format!("writing checkpoint of step {step}")));
-        }
-        if !tmp.join(TRAINER_STATE).is_file() {
-            bail!("checkpoint of step {step} lacks {TRAINER_STATE}");
-        }
-        sync_tree(&tmp)?;
         let dest = ckpts.join(format!("global_step_{step}"));
-        if dest.exists() {
-            fs::remove_dir_all(&dest)?;
+        let written = (|| {
+            if tmp.exists() {
+                fs::remove_dir_all(&tmp).at("cannot remove", &tmp)?;
+            }
+            fs::create_dir_all(&tmp).at("cannot create", &tmp)?;
+            fill(&tmp)?;
+            if !tmp.join(TRAINER_STATE).is_file() {
+                return Err(Error::IncompleteCheckpoint { step });
+            }
+            sync_tree(&tmp)?;
+            if dest.exists() {
+                fs::remove_dir_all(&dest).at("cannot remove", &dest)?;
+            }
+            fs::rename(&tmp, &dest).at("cannot rename into", &dest)?;
+            sync_dir(&ckpts)
+        })();
+        if let Err(e) = written {
+            // Nothing of a failed save stays: the previous checkpoint remains the latest.
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(match e {
+                e @ Error::IncompleteCheckpoint { .. } => e,
+                e => Error::WriteCheckpoint {
+                    step,
+                    source: Box::new(e),
+                },
+            });
         }
-        fs::rename(&tmp, &dest)?;
-        sync_dir(&ckpts)?;
-        write_atomic(&ckpts.join(LATEST), format!("{step}\n").as_bytes())?;
+        write_atomic(&ckpts.join(LATEST), format!("{step}\n").as_bytes()).map_err(|e| {
+            Error::WriteCheckpoint {
+                step,
+                source: Box::new(e),
+            }
+        })?;
         if keep > 0 {
             let steps = complete_checkpoints(&ckpts)?;
             for old in steps.iter().rev().skip(keep) {
-                fs::remove_dir_all(ckpts.join(format!("global_step_{old}")))?;
+                let old = ckpts.join(format!("global_step_{old}"));
+                fs::remove_dir_all(&old).at("cannot remove", &old)?;
             }
         }
         Ok(dest)
@@ -476,12 +495,13 @@ pub struct Provenance {
 impl RunDir {
     /// Appends a line to `run.log`.
     pub fn log(&self, line: &str) -> Result<()> {
-        let mut f = OpenOptions::new()
+        let path = self.root.join("run.log");
+        OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.root.join("run.log"))?;
-        writeln!(f, "{line}")?;
-        Ok(())
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{line}"))
+            .at("cannot write", &path)
     }
 
     /// The directory the best policy of a validation is saved into before its promotion.
@@ -494,7 +514,7 @@ impl RunDir {
     pub fn drop_stale_candidate(&self) -> Result<()> {
         let cand = self.best_candidate();
         if cand.exists() {
-            fs::remove_dir_all(&cand)?;
+            fs::remove_dir_all(&cand).at("cannot remove", &cand)?;
         }
         Ok(())
     }
@@ -506,19 +526,19 @@ impl RunDir {
         let ckpts = self.checkpoints();
         let tmp = ckpts.join(format!(".last-{}", std::process::id()));
         if tmp.exists() {
-            fs::remove_dir_all(&tmp)?;
+            fs::remove_dir_all(&tmp).at("cannot remove", &tmp)?;
         }
-        fs::create_dir_all(&tmp)?;
-        for entry in fs::read_dir(ckpt)? {
-            let entry = entry?;
-            if entry.file_type()?.is_file() {
+        fs::create_dir_all(&tmp).at("cannot create", &tmp)?;
+        for entry in fs::read_dir(ckpt).at("cannot list", ckpt)? {
+            let entry = entry.at("cannot list", ckpt)?;
+            if entry.file_type().at("cannot list", ckpt)?.is_file() {
                 let name = entry.file_name();
                 if name == TRAINER_STATE || name.to_string_lossy().starts_with("optimizer") {
                     continue;
                 }
                 let to = tmp.join(&name);
                 if fs::hard_link(entry.path(), &to).is_err() {
-                    fs::copy(entry.path(), &to)?;
+                    fs::copy(entry.path(), &to).at("cannot copy into", &to)?;
                 }
             }
         }
@@ -526,11 +546,11 @@ impl RunDir {
         let last = ckpts.join("last");
         if last.exists() {
             let old = ckpts.join(format!(".last-old-{}", std::process::id()));
-            fs::rename(&last, &old)?;
-            fs::rename(&tmp, &last)?;
-            fs::remove_dir_all(&old)?;
+            fs::rename(&last, &old).at("cannot rename into", &old)?;
+            fs::rename(&tmp, &last).at("cannot rename into", &last)?;
+            fs::remove_dir_all(&old).at("cannot remove", &old)?;
         } else {
-            fs::rename(&tmp, &last)?;
+            fs::rename(&tmp, &last).at("cannot rename into", &last)?;
         }
         sync_dir(&ckpts)?;
         let cand = self.best_candidate();
@@ -539,8 +559,9 @@ impl RunDir {
                 let src = cand.join(f);
                 if src.is_file() {
                     let dst = self.root.join(f);
-                    fs::copy(&src, dst.with_extension("tmp-best"))?;
-                    fs::rename(dst.with_extension("tmp-best"), &dst)?;
+                    let tmp = dst.with_extension("tmp-best");
+                    fs::copy(&src, &tmp).at("cannot copy into", &tmp)?;
+                    fs::rename(&tmp, &dst).at("cannot rename into", &dst)?;
                 }
             }
             if let Some((s, m)) = best {
@@ -549,7 +570,7 @@ impl RunDir {
                     format!("{s} {m:.12}\n").as_bytes(),
                 )?;
             }
-            fs::remove_dir_all(&cand)?;
+            fs::remove_dir_all(&cand).at("cannot remove", &cand)?;
         }
         Ok(())
     }
@@ -559,7 +580,7 @@ impl RunDir {
     pub fn publish_results(&self, validations: Option<(usize, &[(u64, f64)])>) -> Result<()> {
         self.plot()?;
         let results = self.root.join("results");
-        fs::create_dir_all(&results)?;
+        fs::create_dir_all(&results).at("cannot create", &results)?;
         if let Some((k, vals)) = validations {
             let mut csv = format!("step,val_mean{k},percent\n");
             for (s, m) in vals {
@@ -575,7 +596,11 @@ impl RunDir {
             ("plots/training_score.png", "training_score.png"),
             ("plots/training_score.svg", "training_score.svg"),
         ] {
-            write_atomic(&results.join(to), &fs::read(self.root.join(from))?)?;
+            let from = self.root.join(from);
+            write_atomic(
+                &results.join(to),
+                &fs::read(&from).at("cannot read", &from)?,
+            )?;
         }
         Ok(())
     }
@@ -648,12 +673,20 @@ impl RunDir {
         }
         rows.push(String::new());
         let results = self.root.join("results");
-        fs::create_dir_all(&results)?;
+        fs::create_dir_all(&results).at("cannot create", &results)?;
         write_atomic(
             &results.join("hyperparameters.csv"),
             rows.join("\n").as_bytes(),
         )
     }
+}
+
+/// A configuration as JSON, for the comparison of a resumed run's.
+fn to_json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|source| Error::Json {
+        what: "the configuration",
+        source,
+    })
 }
 
 /// Steps of the complete checkpoints under `ckpts`, ascending.
@@ -662,8 +695,8 @@ pub fn complete_checkpoints(ckpts: &Path) -> Result<Vec<u64>> {
     if !ckpts.is_dir() {
         return Ok(steps);
     }
-    for entry in fs::read_dir(ckpts)? {
-        let entry = entry?;
+    for entry in fs::read_dir(ckpts).at("cannot list", ckpts)? {
+        let entry = entry.at("cannot list", ckpts)?;
         let name = entry.file_name();
         let Some(n) = name
             .to_str()
@@ -689,13 +722,14 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
         return Ok(None);
     }
     // Everything whose name starts with a dot is a leftover of an interrupted save.
-    for entry in fs::read_dir(&ckpts)? {
-        let entry = entry?;
+    for entry in fs::read_dir(&ckpts).at("cannot list", &ckpts)? {
+        let entry = entry.at("cannot list", &ckpts)?;
         if entry.file_name().to_string_lossy().starts_with('.') {
-            if entry.file_type()?.is_dir() {
-                fs::remove_dir_all(entry.path())?;
+            let path = entry.path();
+            if entry.file_type().at("cannot list", &ckpts)?.is_dir() {
+                fs::remove_dir_all(&path).at("cannot remove", &path)?;
             } else {
-                fs::remove_file(entry.path())?;
+                fs::remove_file(&path).at("cannot remove", &path)?;
             }
         }
     }
@@ -715,11 +749,11 @@ fn truncate_lines(path: &Path, max_step: u64, step_of: impl Fn(&str) -> Option<u
     if !path.exists() {
         return Ok(());
     }
-    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = File::open(path).map_err(Error::io("cannot read", path))?;
     let mut kept = String::new();
     let mut changed = false;
     for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
-        let line = line?;
+        let line = line.at("cannot read", path)?;
         let Ok(line) = String::from_utf8(line) else {
             changed = true;
             continue;
@@ -754,8 +788,7 @@ mod tests {
     }
 
     fn state(dir: &Path) -> Result<()> {
-        fs::write(dir.join(TRAINER_STATE), "{}")?;
-        Ok(())
+        fs::write(dir.join(TRAINER_STATE), "{}").at("writing", &dir.join(TRAINER_STATE))
     }
 
     #[test]
@@ -797,10 +830,31 @@ mod tests {
         assert_eq!(latest_checkpoint(tmp.path()).unwrap().unwrap().0, 6);
         // A save that fails half-way leaves the previous checkpoint the latest.
         let e = rd.save_checkpoint(8, 2, |d| {
-            fs::write(d.join("model.safetensors"), b"partial")?;
-            bail!("disk full")
+            fs::write(d.join("model.safetensors"), b"partial").unwrap();
+            Err(Error::io("writing", d.join("model.safetensors"))(
+                std::io::Error::from_raw_os_error(28),
+            ))
         });
-        assert!(e.is_err());
+        // The error says which checkpoint and which file, and nothing of it is left.
+        let Err(Error::WriteCheckpoint { step: 8, source }) = &e else {
+            panic!("{e:?}")
+        };
+        let Error::Io { path, .. } = &**source else {
+            panic!("{source:?}")
+        };
+        assert!(path.ends_with("model.safetensors"), "{path:?}");
+        assert_eq!(
+            fs::read_dir(rd.checkpoints())
+                .unwrap()
+                .filter(|e| e
+                    .as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with('.'))
+                .count(),
+            0
+        );
         assert_eq!(latest_checkpoint(tmp.path()).unwrap().unwrap().0, 6);
         // A pointer to a removed checkpoint falls back to the newest complete one.
         fs::write(rd.checkpoints().join(LATEST), "99\n").unwrap();

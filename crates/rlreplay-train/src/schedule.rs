@@ -7,13 +7,14 @@
 use std::collections::BTreeSet;
 use std::ops::Range;
 
-use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use rlreplay_data::StepRange;
+
+use crate::error::{Error, Result};
 
 use crate::config::{ScheduleMode, ScheduleSection};
 
@@ -43,7 +44,7 @@ pub fn plan(
     available: &[i64],
 ) -> Result<Vec<PlannedStep>> {
     if selected.is_empty() {
-        bail!("no dataset step selected");
+        return Err(Error::config("data.steps", "no dataset step selected"));
     }
     let have: BTreeSet<i64> = available.iter().copied().collect();
     let mut sources: Vec<(i64, u32)> = Vec::new();
@@ -67,14 +68,19 @@ pub fn plan(
                     .mix
                     .iter()
                     .map(|m| {
-                        let range: StepRange = m.steps.parse().map_err(anyhow::Error::msg)?;
+                        let range: StepRange = m.steps.parse().map_err(|e| {
+                            Error::config("schedule.mix", format!("[schedule] mix: {e}"))
+                        })?;
                         let steps: Vec<i64> = have
                             .iter()
                             .copied()
                             .filter(|&s| range.contains(s))
                             .collect();
                         if steps.is_empty() {
-                            bail!("[schedule] mix range {:?} holds no dataset step", m.steps);
+                            return Err(Error::config(
+                                "schedule.mix",
+                                format!("[schedule] mix range {:?} holds no dataset step", m.steps),
+                            ));
                         }
                         Ok((steps, m.weight))
                     })
@@ -99,10 +105,13 @@ pub fn plan(
         }
     }
     if sources.is_empty() {
-        bail!(
-            "the schedule is empty: lag {} leaves no selected step with an earlier shard",
-            cfg.lag
-        );
+        return Err(Error::config(
+            "schedule.lag",
+            format!(
+                "the schedule is empty: lag {} leaves no selected step with an earlier shard",
+                cfg.lag
+            ),
+        ));
     }
     Ok(sources
         .into_iter()

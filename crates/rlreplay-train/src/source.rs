@@ -23,12 +23,12 @@ pub mod remote;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{ensure, Result};
 use rlreplay_data::RolloutBatch;
 use rlreplay_model::Model;
 use rlreplay_sampling::chat::{ChatTokenizer, Message};
 
 use crate::config::Config;
+use crate::error::{Error, Result};
 use crate::rundir::Metrics;
 
 /// One trainer step's rollouts as a source hands them over.
@@ -65,16 +65,24 @@ impl RolloutStep {
     pub fn check(&self) -> Result<()> {
         let n = self.batch.len();
         // An empty step has no loss to take the mean of (it would train on NaN).
-        ensure!(n > 0, "{}: the step has no rows to train on", self.origin);
+        let bad = |why: String| {
+            Err(Error::Rollouts {
+                origin: self.origin.clone(),
+                why,
+            })
+        };
+        if n == 0 {
+            return bad("the step has no rows to train on".into());
+        }
         let text = self
             .text
             .as_ref()
             .is_none_or(|t| t.messages.len() == n && t.responses.len() == n);
-        ensure!(
-            self.truncated.len() == n && self.policy_versions.len() == n && text,
-            "{}: the step's per-row fields do not match its {n} rows",
-            self.origin
-        );
+        if !(self.truncated.len() == n && self.policy_versions.len() == n && text) {
+            return bad(format!(
+                "the step's per-row fields do not match its {n} rows"
+            ));
+        }
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! initial model and the current model, `z_T = (1 − α)·z_ref + α·z_cur`, and the EMA teacher,
 //! whose weights follow the student, `θ_T ← (1 − η)·θ_T + η·θ_student`.
 
-use anyhow::{bail, ensure, Result};
+use crate::error::{Error, Result};
 use rlreplay_model::{micro_batches, mixed_logprobs, Model, SeqPair};
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +33,10 @@ impl Teacher {
     /// is α of the trust region or η of the EMA.
     pub fn new(model: Model, regularization: TeacherRegularization, rate: f64) -> Result<Self> {
         if !(0.0..=1.0).contains(&rate) {
-            bail!("teacher_update_rate = {rate}: must lie in [0, 1]");
+            return Err(Error::config(
+                "self_distillation.teacher_update_rate",
+                format!("teacher_update_rate = {rate}: must lie in [0, 1]"),
+            ));
         }
         Ok(Self {
             model,
@@ -64,12 +67,13 @@ impl Teacher {
         temperature: f64,
         budget: usize,
     ) -> Result<Vec<Vec<f64>>> {
-        ensure!(
-            prompts.len() == responses.len(),
-            "{} teacher prompts for {} responses",
-            prompts.len(),
-            responses.len()
-        );
+        if prompts.len() != responses.len() {
+            return Err(Error::Teacher(format!(
+                "{} teacher prompts for {} responses",
+                prompts.len(),
+                responses.len()
+            )));
+        }
         let mut out: Vec<Vec<f64>> = responses.iter().map(|r| vec![0.0; r.len()]).collect();
         let rows: Vec<usize> = (0..prompts.len())
             .filter(|&i| !prompts[i].is_empty() && !responses[i].is_empty())
@@ -106,25 +110,28 @@ impl Teacher {
 /// Moves every weight of `teacher` towards `student`: `θ_T ← (1 − η)·θ_T + η·θ_student`.
 pub fn ema_update(teacher: &Model, student: &Model, rate: f64) -> Result<()> {
     if !(0.0..=1.0).contains(&rate) {
-        bail!("EMA teacher update rate must lie in [0, 1], got {rate}");
+        return Err(Error::config(
+            "self_distillation.teacher_update_rate",
+            format!("EMA teacher update rate must lie in [0, 1], got {rate}"),
+        ));
     }
     let (tp, sp) = (teacher.params(), student.params());
     if tp.len() != sp.len() {
-        bail!(
+        return Err(Error::Teacher(format!(
             "EMA teacher has {} parameters, the student {}",
             tp.len(),
             sp.len()
-        );
+        )));
     }
     for (t, s) in tp.iter().zip(sp) {
         if t.name != s.name || t.var.dims() != s.var.dims() {
-            bail!(
+            return Err(Error::Teacher(format!(
                 "EMA teacher parameter {} {:?} does not match student parameter {} {:?}",
                 t.name,
                 t.var.dims(),
                 s.name,
                 s.var.dims()
-            );
+            )));
         }
         let mixed = ((t.var.as_tensor() * (1.0 - rate))?
             + (s.var.as_tensor().to_dtype(t.var.dtype())? * rate)?)?;

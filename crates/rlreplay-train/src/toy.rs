@@ -5,13 +5,14 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rlreplay_model::{AdamW, AdamWConfig, DType, Device, Model, ModelConfig, SeqPair};
 use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+
+use crate::error::{Error, IoContext, Result};
 
 use crate::config::RandomModel;
 
@@ -99,14 +100,17 @@ pub fn tokenizer_config_json() -> Value {
 
 /// Writes `tokenizer.json` and `tokenizer_config.json` into `dir` (created if needed).
 pub fn write_tokenizer(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
     for (name, value) in [
         ("tokenizer.json", tokenizer_json()),
         ("tokenizer_config.json", tokenizer_config_json()),
     ] {
         let path = dir.join(name);
-        std::fs::write(&path, serde_json::to_string_pretty(&value)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let text = serde_json::to_string_pretty(&value).map_err(|source| Error::Json {
+            what: "the toy tokenizer",
+            source,
+        })?;
+        std::fs::write(&path, text).map_err(Error::io("writing", &path))?;
     }
     Ok(())
 }
@@ -164,7 +168,10 @@ impl ToyTask {
     pub fn validate(&self) -> Result<()> {
         let lr_ok = self.warmup_lr.is_finite() && self.warmup_lr >= 0.0;
         if !lr_ok || !(0.0..=1.0).contains(&self.warmup_correct_fraction) {
-            bail!("[toy] warmup_lr must be >= 0 and warmup_correct_fraction in [0, 1]");
+            return Err(Error::config(
+                "toy",
+                "[toy] warmup_lr must be >= 0 and warmup_correct_fraction in [0, 1]",
+            ));
         }
         Ok(())
     }
@@ -174,7 +181,10 @@ impl ToyTask {
         let mut out = Vec::new();
         for op in self.operators.chars() {
             if !"+-*".contains(op) {
-                bail!("toy task: unsupported operator {op:?} (use +, - or *)");
+                return Err(Error::config(
+                    "toy.operators",
+                    format!("toy task: unsupported operator {op:?} (use +, - or *)"),
+                ));
             }
             for a in 0..=self.max_operand {
                 for b in 0..=self.max_operand {
@@ -192,7 +202,10 @@ impl ToyTask {
             }
         }
         if out.is_empty() {
-            bail!("toy task: no operators given");
+            return Err(Error::config(
+                "toy.operators",
+                "toy task: no operators given",
+            ));
         }
         Ok(out)
     }
@@ -296,13 +309,13 @@ pub fn make_model(random: &RandomModel, task: &ToyTask, dtype: DType, dir: &Path
     let staged = tmp.with_extension("model");
     model.save_hf(&staged)?;
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tmp.join(f), staged.join(f))?;
+        std::fs::copy(tmp.join(f), staged.join(f)).at("copying into", &staged.join(f))?;
     }
-    std::fs::remove_dir_all(&tmp)?;
+    std::fs::remove_dir_all(&tmp).at("removing", &tmp)?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
+        std::fs::remove_dir_all(dir).at("removing", dir)?;
     }
-    std::fs::rename(&staged, dir)?;
+    std::fs::rename(&staged, dir).at("renaming into", dir)?;
     Ok(())
 }
 

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rlreplay_data::resolve_hub_path;
@@ -23,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Logger, Task};
 use crate::context::rollout_teacher_prompts;
+use crate::error::{Error, Result};
 use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
     check_resumed_config, latest_checkpoint, refuse_existing_run, write_atomic, Metrics,
@@ -141,12 +141,13 @@ pub fn worker_threads(threads: usize, force: bool) -> (usize, Option<String>) {
 
 /// Runs `f` on a pool of worker threads ([`worker_threads`]; the warning of a capped request
 /// goes to stderr). The process environment is left alone: every kernel runs inside the pool,
-/// whose size bounds the parallelism whatever split a kernel chooses.
-pub fn with_threads<T: Send>(
+/// whose size bounds the parallelism whatever split a kernel chooses. `f` may fail with any error
+/// that a trainer error converts into (the binary's, for one).
+pub fn with_threads<T: Send, E: From<Error> + Send>(
     threads: usize,
     force: bool,
-    f: impl FnOnce() -> Result<T> + Send,
-) -> Result<T> {
+    f: impl FnOnce() -> std::result::Result<T, E> + Send,
+) -> std::result::Result<T, E> {
     let (threads, warning) = worker_threads(threads, force);
     if let Some(w) = warning {
         eprintln!("warning: {w}");
@@ -157,7 +158,7 @@ pub fn with_threads<T: Send>(
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
-        .context("cannot start the worker threads")?
+        .map_err(Error::Threads)?
         .install(f)
 }
 
@@ -173,8 +174,12 @@ fn model_file(name: &str) -> bool {
 /// of replay.
 fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
     if let Some(path) = &cfg.model.path {
-        let dir = resolve_hub_path(&path.to_string_lossy(), &model_file)
-            .with_context(|| format!("[model] path = {}", path.display()))?;
+        let dir = resolve_hub_path(&path.to_string_lossy(), &model_file).map_err(|source| {
+            Error::ModelPath {
+                path: path.clone(),
+                source: Box::new(source),
+            }
+        })?;
         return Ok(Some(dir));
     }
     if cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy {
@@ -182,7 +187,7 @@ fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
         if !dir.join("model.safetensors").is_file() {
             let random = cfg.model.random.clone().unwrap_or_else(toy::default_model);
             toy::make_model(&random, &cfg.toy, cfg.model.dtype.candle(), &dir)
-                .context("creating the toy task's model")?;
+                .map_err(|e| Error::ToyModel(Box::new(e)))?;
         }
         return Ok(Some(dir));
     }
@@ -199,11 +204,7 @@ fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> R
         None => Vec::new(),
     };
     if ids.is_empty() {
-        bail!(
-            "[data] eos_token_id: the model names no end-of-sequence token \
-             (eos_token_id in config.json or generation_config.json, eos_token in \
-             tokenizer_config.json); set it"
-        );
+        return Err(Error::NoEos);
     }
     Ok(ids)
 }
@@ -251,8 +252,7 @@ impl Trainer {
             refuse_existing_run(out)?;
             None
         };
-        std::fs::create_dir_all(out)
-            .with_context(|| format!("cannot create run directory {}", out.display()))?;
+        std::fs::create_dir_all(out).map_err(Error::io("cannot create run directory", out))?;
         let device = cfg.model.device()?;
         let dtype = cfg.model.dtype.candle();
         let model_dir = initial_model_dir(&cfg, out)?;
@@ -264,20 +264,21 @@ impl Trainer {
         let chat = match &model_dir {
             Some(dir) if wants_chat => {
                 for f in ["tokenizer.json", "tokenizer_config.json"] {
-                    ensure!(
-                        dir.join(f).is_file(),
-                        "the model directory has no {f} (prompts and responses are rendered and \
-                         decoded with it{}): {}",
-                        if uses_teacher {
-                            format!(
-                                "; [algorithm] loss_mode = {:?} builds the teacher contexts",
-                                cfg.algorithm.loss_mode.name()
-                            )
-                        } else {
-                            String::new()
-                        },
-                        dir.join(f).display()
-                    );
+                    if !dir.join(f).is_file() {
+                        return Err(Error::NoTokenizer(format!(
+                            "the model directory has no {f} (prompts and responses are rendered \
+                             and decoded with it{}): {}",
+                            if uses_teacher {
+                                format!(
+                                    "; [algorithm] loss_mode = {:?} builds the teacher contexts",
+                                    cfg.algorithm.loss_mode.name()
+                                )
+                            } else {
+                                String::new()
+                            },
+                            dir.join(f).display()
+                        )));
+                    }
                 }
                 Some(Arc::new(ChatTokenizer::from_dir(dir)?))
             }
@@ -286,33 +287,44 @@ impl Trainer {
 
         let (mut policy, opt, state) = match &resume_from {
             Some((step, dir)) => {
-                let mut policy = Model::load(dir, dtype, &device)
-                    .with_context(|| format!("loading checkpoint {}", dir.display()))?;
+                let load = |source| Error::LoadCheckpoint {
+                    dir: dir.clone(),
+                    source,
+                };
+                let mut policy = Model::load(dir, dtype, &device).map_err(load)?;
                 // Tokenizer files come from the initial model's directory: checkpoint rotation
                 // removes the checkpoint this model was loaded from.
                 policy.set_source_dir(model_dir.clone());
-                let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &policy)?;
+                let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &policy).map_err(load)?;
                 let path = dir.join(TRAINER_STATE);
-                let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("reading {}", path.display()))?;
+                let text = std::fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
                 let state: TrainerState =
-                    serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
-                ensure!(
-                    state.format == STATE_FORMAT && state.global_step == *step,
-                    "{}: unexpected trainer state (format {}, step {})",
-                    path.display(),
-                    state.format,
-                    state.global_step
-                );
+                    serde_json::from_str(&text).map_err(|source| Error::JsonFile {
+                        path: path.clone(),
+                        source,
+                    })?;
+                if state.format != STATE_FORMAT || state.global_step != *step {
+                    return Err(Error::TrainerState {
+                        path,
+                        format: state.format,
+                        step: state.global_step,
+                    });
+                }
                 (policy, opt, state)
             }
             None => {
                 let policy = match (&model_dir, &cfg.model.random) {
-                    (Some(dir), _) => Model::load(dir, dtype, &device)
-                        .with_context(|| format!("loading the model {}", dir.display()))?,
+                    (Some(dir), _) => {
+                        Model::load(dir, dtype, &device).map_err(|source| Error::LoadModel {
+                            dir: dir.clone(),
+                            source,
+                        })?
+                    }
                     (None, Some(r)) => Model::new_random(r.to_config(), r.seed, dtype, &device)
-                        .context("[model] random")?,
-                    (None, None) => bail!("[model]: give `path` or `random`"),
+                        .map_err(Error::RandomModel)?,
+                    (None, None) => {
+                        return Err(Error::config("model", "[model]: give `path` or `random`"))
+                    }
                 };
                 let opt = AdamW::new(&policy, cfg.optim.adamw());
                 let state = TrainerState {
@@ -345,7 +357,12 @@ impl Trainer {
             (Some(t), Some(p)) => t.min(p),
             (Some(t), None) => t,
             (None, Some(p)) => p,
-            (None, None) => bail!("[trainer] total_training_steps: the source has no end; set it"),
+            (None, None) => {
+                return Err(Error::config(
+                    "trainer.total_training_steps",
+                    "[trainer] total_training_steps: the source has no end; set it",
+                ))
+            }
         };
         // The schedule advances once per trainer step (after its mini-batches), as verl's actor
         // does.
@@ -360,17 +377,26 @@ impl Trainer {
                     }
                     _ => dir.clone(),
                 };
-                let mut model = Model::load(&teacher_dir, dtype, &device)
-                    .with_context(|| format!("loading the teacher {}", teacher_dir.display()))?;
+                let mut model = Model::load(&teacher_dir, dtype, &device).map_err(|source| {
+                    Error::LoadTeacher {
+                        dir: teacher_dir.clone(),
+                        source,
+                    }
+                })?;
                 model.set_source_dir(Some(dir.clone()));
                 let teacher =
                     Teacher::new(model, sd.teacher_regularization, sd.teacher_update_rate)?;
                 Some((teacher, chat.clone()))
             }
-            _ if uses_teacher => bail!(
-                "[algorithm] loss_mode = {:?} needs [model] path with the tokenizer files",
-                cfg.algorithm.loss_mode.name()
-            ),
+            _ if uses_teacher => {
+                return Err(Error::config(
+                    "algorithm.loss_mode",
+                    format!(
+                        "[algorithm] loss_mode = {:?} needs [model] path with the tokenizer files",
+                        cfg.algorithm.loss_mode.name()
+                    ),
+                ))
+            }
             _ => None,
         };
         let validator = match &chat {
@@ -454,9 +480,10 @@ impl Trainer {
         let mut last_checkpoint = None;
         while self.state.global_step < stop {
             let step = self.state.global_step + 1;
-            let mut metrics = self
-                .step(step)
-                .with_context(|| format!("trainer step {step}"))?;
+            let mut metrics = self.step(step).map_err(|e| Error::Step {
+                step,
+                source: Box::new(e),
+            })?;
             let freq = self.cfg.validation.test_freq;
             if freq > 0 && (step.is_multiple_of(freq) || step == total) {
                 if let Some(v) = self.validate(step)? {
@@ -545,7 +572,10 @@ impl Trainer {
     fn save_checkpoint(&mut self) -> Result<PathBuf> {
         let step = self.state.global_step;
         self.state.source = self.source.state();
-        let state = serde_json::to_string_pretty(&self.state)?;
+        let state = serde_json::to_string_pretty(&self.state).map_err(|source| Error::Json {
+            what: "the trainer state",
+            source,
+        })?;
         let ema = self
             .teacher
             .as_ref()
@@ -615,11 +645,19 @@ impl Trainer {
                     &sd,
                     chat.as_ref(),
                 )
-                .with_context(|| origin.clone())?;
+                .map_err(|e| Error::InStep {
+                    origin: origin.clone(),
+                    source: Box::new(e),
+                })?;
                 metrics.extend(m);
                 Some(p)
             }
-            (Some(_), None) => bail!("{origin}: the source gave no text for the teacher contexts"),
+            (Some(_), None) => {
+                return Err(Error::Rollouts {
+                    origin,
+                    why: "the source gave no text for the teacher contexts".into(),
+                })
+            }
             _ => None,
         };
         let teacher = match (&self.teacher, &prompts) {

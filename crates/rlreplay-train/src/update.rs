@@ -10,7 +10,6 @@
 
 use std::ops::Range;
 
-use anyhow::Result;
 use rlreplay_algo::metrics::{merge_rule, Merge};
 use rlreplay_algo::{
     compute_advantages, off_policy_metrics, policy_loss, rollout_correction, AlgoConfig,
@@ -19,6 +18,7 @@ use rlreplay_algo::{
 use rlreplay_data::RolloutBatch;
 use rlreplay_model::{micro_batches, AdamW, Model, SeqPair};
 
+use crate::error::Result;
 use crate::rundir::Metrics;
 use crate::teacher::Teacher;
 

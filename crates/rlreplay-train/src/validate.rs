@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use anyhow::Result;
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::Model;
 use rlreplay_reward::RewardDispatch;
@@ -14,6 +13,7 @@ use rlreplay_sampling::engine::generate;
 use rlreplay_sampling::sampling::SamplingParams;
 
 use crate::config::Config;
+use crate::error::Result;
 use crate::prompts::{reward_of, Prompt};
 use crate::source::online::step_seed;
 

@@ -2,6 +2,7 @@
 //! synchronous remote run equals the local backend bit for bit, prompts fail over to the servers
 //! left, and bad endpoints or protocols are named.
 
+use rlreplay_data::error::chain;
 use std::path::Path;
 
 use rlreplay_serve::{BoundServer, ServeConfig, ServerHandle};
@@ -23,7 +24,7 @@ fn toy_config(overrides: &[String]) -> Config {
     Config::load(&path, &all, SourceKind::Online).unwrap().0
 }
 
-fn train(cfg: Config, out: &Path) -> anyhow::Result<RunSummary> {
+fn train(cfg: Config, out: &Path) -> rlreplay_train::Result<RunSummary> {
     run(&RunOptions::new(cfg, out))
 }
 
@@ -92,7 +93,7 @@ fn synchronous_remote_equals_local_and_fails_over() {
         out.path(),
     )
     .unwrap_err();
-    let msg = format!("{err:#}");
+    let msg = chain(&err);
     assert!(
         msg.contains("no rollout endpoint is left") && msg.contains(&dead),
         "{msg}"
@@ -102,7 +103,7 @@ fn synchronous_remote_equals_local_and_fails_over() {
     let mut cfg = toy_config(&remote(&[urls[0].clone()], "openai"));
     cfg.rollout.endpoints = vec![format!("{}/nothing", urls[0])];
     let err = train(cfg, out.path()).unwrap_err();
-    let msg = format!("{err:#}");
+    let msg = chain(&err);
     assert!(msg.contains("refused the request (404)"), "{msg}");
     a.shutdown();
     b.shutdown();
@@ -116,15 +117,15 @@ fn remote_settings_are_checked() {
         Config::load(&path, &sets, SourceKind::Online).map(|c| c.0)
     };
     let e = parse(&["rollout.backend=\"remote\""]).unwrap_err();
-    assert!(format!("{e:#}").contains("needs endpoints"), "{e:#}");
+    assert!(chain(&e).contains("needs endpoints"), "{e:?}");
     let e = parse(&[
         "rollout.backend=\"remote\"",
         "rollout.endpoints=[\"localhost:1\"]",
     ])
     .unwrap_err();
-    assert!(format!("{e:#}").contains("not an http:// URL"), "{e:#}");
+    assert!(chain(&e).contains("not an http:// URL"), "{e:?}");
     let e = parse(&["rollout.protocol=\"grpc\""]).unwrap_err();
-    assert!(format!("{e:#}").contains("protocol"), "{e:#}");
+    assert!(chain(&e).contains("protocol"), "{e:?}");
     let c = parse(&["rollout.protocol=\"vllm\""]).unwrap();
     assert_eq!(
         c.rollout.protocol,

@@ -2,6 +2,7 @@
 //! answers, `ground_truth`) replayed with the trust-region and the EMA teacher; determinism,
 //! resume, the `self_distillation/*` metrics, and clear errors for what a context mode lacks.
 
+use rlreplay_data::error::chain;
 use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
@@ -201,7 +202,7 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
         &tmp.path().join("ref"),
     ))
     .unwrap_err();
-    let msg = format!("{e:#}");
+    let msg = chain(&e);
     assert!(
         msg.contains("`ground_truth` column") && msg.contains("step-"),
         "{msg}"
@@ -219,7 +220,7 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
         &tmp.path().join("fb"),
     ))
     .unwrap_err();
-    assert!(format!("{e:#}").contains("ground_truth"), "{e:#}");
+    assert!(chain(&e).contains("ground_truth"), "{e:?}");
     // No tokenizer in the model directory.
     std::fs::remove_file(model.join("tokenizer.json")).unwrap();
     let e = run(&RunOptions::new(
@@ -227,7 +228,7 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
         &tmp.path().join("tok"),
     ))
     .unwrap_err();
-    assert!(format!("{e:#}").contains("tokenizer.json"), "{e:#}");
+    assert!(chain(&e).contains("tokenizer.json"), "{e:?}");
     // A random model has no tokenizer at all.
     let e = Config::parse(
         &format!(
@@ -238,5 +239,5 @@ fn what_a_context_mode_lacks_is_a_clear_error_at_startup() {
         SourceKind::Logged,
     )
     .unwrap_err();
-    assert!(format!("{e:#}").contains("[model] path"), "{e:#}");
+    assert!(chain(&e).contains("[model] path"), "{e:?}");
 }

@@ -1,6 +1,7 @@
 //! The run directory of `rlreplay train` obeys the same rules as replay's: a fresh start never
 //! overwrites an earlier run, and `--resume` refuses a changed configuration.
 
+use rlreplay_data::error::chain;
 use std::path::Path;
 
 use rlreplay_train::{run, RunOptions};
@@ -43,7 +44,7 @@ fn fresh_start_never_truncates_an_earlier_runs_metrics() {
     let earlier = "{\"step\":1,\"critic/score/mean\":0.5}\n";
     std::fs::write(out.join("metrics.jsonl"), earlier).unwrap();
     let e = run(&options(tiny(&[]), out, false, None)).unwrap_err();
-    assert!(format!("{e:#}").contains("already holds a run"), "{e:#}");
+    assert!(chain(&e).contains("already holds a run"), "{e:?}");
     assert_eq!(
         std::fs::read_to_string(out.join("metrics.jsonl")).unwrap(),
         earlier
@@ -57,7 +58,7 @@ fn resume_refuses_a_changed_configuration() {
     let out = tmp.path().join("run");
     run(&options(tiny(&[]), &out, false, Some(1))).unwrap();
     let e = run(&options(tiny(&["optim.lr=1e-3"]), &out, true, None)).unwrap_err();
-    assert!(format!("{e:#}").contains("configuration differs"), "{e:#}");
+    assert!(chain(&e).contains("configuration differs"), "{e:?}");
     // What may change does not stop it.
     let s = run(&options(tiny(&["trainer.keep=2"]), &out, true, None)).unwrap();
     assert_eq!(s.global_step, 2);

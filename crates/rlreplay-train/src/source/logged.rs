@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use anyhow::{ensure, Context, Result};
 use rlreplay_data::{Dataset, ReadOptions, RolloutBatch};
 use rlreplay_model::Model;
 use rlreplay_sampling::chat::ChatTokenizer;
@@ -16,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::{RolloutSource, RolloutStep, SourceContext};
 use crate::config::{parse_steps, ScheduleSection, SelfDistillationSection};
 use crate::context::{check_columns, decode_rows};
+use crate::error::{Error, Result};
 use crate::rundir::Metrics;
 use crate::schedule::{plan, select_rows, PlannedStep};
 
@@ -49,12 +49,16 @@ impl LoggedSource {
             .data
             .path
             .as_deref()
-            .context("[data] path: no rollout dataset")?;
-        let dataset = Dataset::open(path).with_context(|| format!("[data] path = {path:?}"))?;
+            .ok_or_else(|| Error::config("data.path", "[data] path: no rollout dataset"))?;
+        let dataset = Dataset::open(path).map_err(|source| Error::Dataset {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
         let available: Vec<i64> = dataset.steps().iter().map(|s| s.0).collect();
         let selected: Vec<i64> = match &cfg.data.steps {
             Some(r) => {
-                let r = parse_steps(r)?;
+                let r = parse_steps(r)
+                    .map_err(|e| Error::config("data.steps", format!("[data] steps: {e}")))?;
                 available
                     .iter()
                     .copied()
@@ -65,10 +69,13 @@ impl LoggedSource {
         };
         let plan = plan(&cfg.schedule, &selected, &available)?;
         let text = if ctx.needs_text {
-            let chat = ctx.chat.clone().context(
-                "the model directory has no tokenizer: the rows are decoded with it to build \
-                 the teacher contexts",
-            )?;
+            let chat = ctx.chat.clone().ok_or_else(|| {
+                Error::NoTokenizer(
+                    "the model directory has no tokenizer: the rows are decoded with it to build \
+                     the teacher contexts"
+                        .into(),
+                )
+            })?;
             Some((chat, cfg.self_distillation.clone()))
         } else {
             None
@@ -100,17 +107,17 @@ impl LoggedSource {
 
     fn planned(&self, step: u64) -> Result<PlannedStep> {
         let i = usize::try_from(step.saturating_sub(1)).unwrap_or(usize::MAX);
-        self.plan
-            .get(i)
-            .copied()
-            .with_context(|| format!("trainer step {step} is past the schedule's end"))
+        self.plan.get(i).copied().ok_or(Error::PastSchedule(step))
     }
 
     fn read(&self, ps: &PlannedStep) -> Result<RolloutBatch> {
-        let (batch, _report) = self
-            .dataset
-            .read_step(ps.source_step, &self.read)
-            .with_context(|| format!("dataset step {}", ps.source_step))?;
+        let (batch, _report) =
+            self.dataset
+                .read_step(ps.source_step, &self.read)
+                .map_err(|source| Error::DatasetStep {
+                    step: ps.source_step,
+                    source: Box::new(source),
+                })?;
         Ok(batch)
     }
 }
@@ -123,12 +130,15 @@ impl RolloutSource for LoggedSource {
     fn start(&mut self, step: u64, state: Option<serde_json::Value>) -> Result<()> {
         let planned: Vec<i64> = self.plan.iter().map(|p| p.source_step).collect();
         if let Some(state) = state {
-            let state: State =
-                serde_json::from_value(state).context("the logged source's checkpoint state")?;
-            ensure!(
-                state.plan == planned && state.schedule_seed == self.schedule.seed,
-                "the schedule differs from the one the run started with"
-            );
+            let state: State = serde_json::from_value(state).map_err(|source| Error::Json {
+                what: "the logged source's checkpoint state",
+                source,
+            })?;
+            if state.plan != planned || state.schedule_seed != self.schedule.seed {
+                return Err(Error::SourceStateChanged(
+                    "the schedule differs from the one the run started with",
+                ));
+            }
         }
         // Refuse at startup a dataset whose next step lacks a column the context mode needs.
         if let (Some((_, sd)), Ok(ps)) = (&self.text, self.planned(step + 1)) {

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rlreplay_data::{write_shard, RolloutBatch};
@@ -40,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use super::remote::{Remote, RemoteSamples};
 use super::{RolloutSource, RolloutStep, SourceContext, StepText};
 use crate::config::{RolloutBackend, RolloutSection};
+use crate::error::{Error, Result};
 use crate::prompts::{reward_of, training_prompts, Prompt, RewardFailure};
 use crate::rundir::Metrics;
 
@@ -139,13 +139,14 @@ impl OnlineSource {
     /// Reads and encodes the training prompts and sets up the rewards.
     pub fn open(ctx: &SourceContext<'_>) -> Result<Self> {
         let cfg = ctx.config;
-        let chat = ctx
-            .chat
-            .clone()
-            .context("the model directory has no tokenizer.json / tokenizer_config.json")?;
+        let chat = ctx.chat.clone().ok_or_else(|| {
+            Error::NoTokenizer(
+                "the model directory has no tokenizer.json / tokenizer_config.json".into(),
+            )
+        })?;
         let prompts = training_prompts(cfg, &chat)?;
         if prompts.is_empty() {
-            bail!("no training prompt is left after filtering over-long prompts");
+            return Err(Error::NoPrompts);
         }
         Ok(Self {
             chat,
@@ -222,8 +223,10 @@ impl RolloutSource for OnlineSource {
 
     fn start(&mut self, _step: u64, state: Option<serde_json::Value>) -> Result<()> {
         if let Some(state) = state {
-            self.state =
-                serde_json::from_value(state).context("the online source's checkpoint state")?;
+            self.state = serde_json::from_value(state).map_err(|source| Error::Json {
+                what: "the online source's checkpoint state",
+                source,
+            })?;
         }
         self.ahead = self.state.sampler;
         self.pending.clear();
@@ -264,10 +267,12 @@ impl RolloutSource for OnlineSource {
                     .pending
                     .pop_front()
                     .filter(|p| p.step == step)
-                    .context("the steps generated ahead are out of order")?;
+                    .ok_or_else(|| {
+                        Error::Generation("the steps generated ahead are out of order".into())
+                    })?;
                 let t_wait = Instant::now();
                 let (samples, gen_s) = p.samples.join().map_err(|_| {
-                    anyhow::anyhow!("the generation thread of step {step} panicked")
+                    Error::Generation(format!("the generation thread of step {step} panicked"))
                 })??;
                 let wait_s = t_wait.elapsed().as_secs_f64();
                 metrics.insert("timing_s/gen".into(), gen_s);
@@ -300,7 +305,10 @@ impl RolloutSource for OnlineSource {
             (before - gens.len()) as f64,
         );
         if gens.is_empty() {
-            bail!("step {step}: every row is more than max_off_policy_steps versions old");
+            return Err(Error::Rollouts {
+                origin: format!("step {step}"),
+                why: "every row is more than max_off_policy_steps versions old".into(),
+            });
         }
         let mut batch = RolloutBatch::empty(step as i64);
         let mut text = StepText::default();
@@ -341,7 +349,7 @@ impl RolloutSource for OnlineSource {
             self.state.reward_timeouts as f64,
         );
         metrics.insert("train/epoch".into(), self.state.sampler.epoch as f64);
-        write_shard(&self.rollouts, &batch).context("writing the step's rollouts")?;
+        write_shard(&self.rollouts, &batch).map_err(|e| Error::WriteRollouts(Box::new(e)))?;
         Ok(RolloutStep {
             truncated: gens.iter().map(|g| g.truncated).collect(),
             policy_versions: versions,

@@ -28,7 +28,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
 use rlreplay_model::Model;
 use rlreplay_sampling::engine::Generation;
 use rlreplay_sampling::sampling::SamplingParams;
@@ -38,6 +37,7 @@ use rlreplay_serve::protocol::sglang::{self, GenerateOutput, GenerateRequest};
 use rlreplay_serve::protocol::{OneOrMany, Prompt, STREAM_OFFSET_KEY};
 
 use crate::config::{RolloutProtocol, RolloutSection, WeightSync};
+use crate::error::{Error, Result};
 
 /// The environment variable whose value is sent as `Authorization: Bearer` to every endpoint.
 pub const API_KEY_ENV: &str = "RLREPLAY_API_KEY";
@@ -137,17 +137,13 @@ impl Remote {
     }
 
     /// The error once no endpoint is left.
-    fn none_left(&self) -> anyhow::Error {
-        let why: Vec<String> = self
+    fn none_left(&self) -> Error {
+        let failures: Vec<String> = self
             .endpoints
             .iter()
             .map(|e| format!("{}: {}", e.url, e.failure().as_deref().unwrap_or("?")))
             .collect();
-        anyhow::anyhow!(
-            "no rollout endpoint is left (the last checkpoint is intact; start the servers and \
-             continue with --resume): {}",
-            why.join("; ")
-        )
+        Error::NoEndpoint { failures }
     }
 
     /// Sends the policy of `version` when the servers do not serve it yet (a fresh run, a
@@ -170,20 +166,24 @@ impl Remote {
             return Ok(());
         }
         let dir = self.weights_dir.join(format!("step_{version}"));
-        policy
-            .save_hf(&dir)
-            .with_context(|| format!("writing the policy to {}", dir.display()))?;
+        policy.save_hf(&dir).map_err(|source| Error::WritePolicy {
+            dir: dir.clone(),
+            source,
+        })?;
         let marker = dir.join(STABLE);
-        std::fs::write(&marker, format!("{version}\n"))
-            .with_context(|| format!("writing {}", marker.display()))?;
+        std::fs::write(&marker, format!("{version}\n")).map_err(Error::io("writing", &marker))?;
         let path = std::path::absolute(&dir)
-            .with_context(|| format!("resolving {}", dir.display()))?
+            .map_err(Error::io("resolving", &dir))?
             .to_string_lossy()
             .into_owned();
         let body = serde_json::to_value(UpdateWeightsFromDisk {
             model_path: path,
             weight_version: Some(version.to_string()),
             ..Default::default()
+        })
+        .map_err(|source| Error::Json {
+            what: "the weight-update request",
+            source,
         })?;
         for i in self.live() {
             let url = format!("{}/update_weights_from_disk", self.endpoints[i].url);
@@ -268,7 +268,7 @@ impl Remote {
             for (&(ep, s, e), result) in jobs.iter().zip(results) {
                 match result {
                     Ok(samples) => done[s] = Some(samples),
-                    Err(Failure::Refused(m)) => bail!("{m}"),
+                    Err(Failure::Refused(m)) => return Err(Error::ServerRefused(m)),
                     Err(Failure::Down(m)) => {
                         self.endpoints[ep].drop_with(m);
                         todo.push((s, e));
@@ -295,7 +295,7 @@ impl Remote {
         first: usize,
         n: usize,
         p: &SamplingParams,
-    ) -> Result<RemoteSamples, Failure> {
+    ) -> std::result::Result<RemoteSamples, Failure> {
         let base = &self.endpoints[ep].url;
         let offset = (first * n) as u64;
         let extra = (offset > 0).then(|| {
@@ -358,7 +358,10 @@ impl Remote {
 
     /// Runs `attempt` until it succeeds, is refused, or has failed `retries + 1` times, sleeping
     /// `retry_backoff_s`, doubled each time, in between.
-    fn retrying<T>(&self, attempt: impl Fn() -> Result<T, Failure>) -> Result<T, Failure> {
+    fn retrying<T>(
+        &self,
+        attempt: impl Fn() -> std::result::Result<T, Failure>,
+    ) -> std::result::Result<T, Failure> {
         let mut failures = 0u32;
         loop {
             match attempt() {
@@ -373,7 +376,11 @@ impl Remote {
     }
 
     /// POSTs `body` once.
-    fn post(&self, url: &str, body: &serde_json::Value) -> Result<serde_json::Value, Failure> {
+    fn post(
+        &self,
+        url: &str,
+        body: &serde_json::Value,
+    ) -> std::result::Result<serde_json::Value, Failure> {
         let mut req = self.agent.post(url);
         if let Some(k) = &self.api_key {
             req = req.set("Authorization", &format!("Bearer {k}"));
@@ -408,7 +415,7 @@ impl Remote {
         first: usize,
         n: usize,
         sent_at: Option<u64>,
-    ) -> Result<RemoteSamples, Failure> {
+    ) -> std::result::Result<RemoteSamples, Failure> {
         let bad = |what: String| Failure::Down(format!("{url}: {what}"));
         let mut samples: Vec<Sample> = Vec::new();
         match self.protocol {
