@@ -16,7 +16,7 @@ PY=.venv/arrow/bin/python
 cargo build --release --quiet -p rlreplay-cli
 BIN=target/release/rlreplay
 if [ ! -f "$OUT/data/step-0010.parquet" ]; then
-  "$BIN" synth --out "$OUT" --steps 10 --prompts 256 --group 16 --seed 1
+  "$BIN" synth --out "$OUT" --steps 10 --prompts 256 --group 16 --seed 1 --eos 151643
 fi
 files=$(for s in $(seq 1 "$SHARDS"); do printf '%s/data/step-%04d.parquet ' "$OUT" "$s"; done)
 rows=$((SHARDS * 4096))
@@ -29,7 +29,7 @@ timed_min() { # PREV CMD...: the smaller of PREV (seconds, may be empty) and one
 }
 
 # Same numbers from both tools (sanity check before timing).
-"$BIN" audit "$OUT" --steps "1..$SHARDS" --json | tail -1 >"$OUT/rust.json"
+"$BIN" audit "$OUT" --steps "1..$SHARDS" --json --eos 151643 | tail -1 >"$OUT/rust.json"
 "$PY" bench/audit_pyarrow.py $files | tail -1 >"$OUT/py.json"
 python3 - "$OUT/rust.json" "$OUT/py.json" <<'PY'
 import json, sys
@@ -41,7 +41,7 @@ PY
 # Runs alternate between the two tools, so that both see the same machine state.
 t_rust=; t_py=
 for _ in $(seq "$REPEAT"); do
-  t_rust=$(timed_min "$t_rust" "$BIN" audit "$OUT" --steps "1..$SHARDS" --json)
+  t_rust=$(timed_min "$t_rust" "$BIN" audit "$OUT" --steps "1..$SHARDS" --json --eos 151643)
   t_py=$(timed_min "$t_py" "$PY" bench/audit_pyarrow.py $files)
 done
 python3 - "$rows" "$t_rust" "$t_py" <<'PY'

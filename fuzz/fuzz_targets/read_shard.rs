@@ -89,11 +89,11 @@ fuzz_target!(|data: &[u8]| {
     report_panics_once();
     let path = &SHARD.path;
     std::fs::write(path, data).expect("write the shard");
-    let strict = ReadOptions::default();
+    let strict = ReadOptions::new([151_643]);
     let lenient = ReadOptions {
         lenient: true,
         vocab: Some(151_936),
-        ..strict
+        ..strict.clone()
     };
     for opts in [strict, lenient] {
         match read_shard(path, 1, &opts) {

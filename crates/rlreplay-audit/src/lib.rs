@@ -61,16 +61,17 @@ pub struct Outputs {
 #[derive(Debug)]
 pub struct PolicyAudit {
     range: RangeAudit,
-    eos: u32,
+    eos: Vec<u32>,
     rows: Option<RowsWriter>,
     plots: Option<PathBuf>,
     history: plots::History,
 }
 
 impl PolicyAudit {
-    /// A new audit; `eos` tells truncated responses (those not ending with it). Opens the row
-    /// file (under a temporary name until [`PolicyAudit::finish`]) and creates the plot directory.
-    pub fn new(cfg: AuditConfig, eos: u32, out: &Outputs) -> Result<Self> {
+    /// A new audit; `eos` tells truncated responses (those ending with none of its ids). Opens
+    /// the row file (under a temporary name until [`PolicyAudit::finish`]) and creates the plot
+    /// directory.
+    pub fn new(cfg: AuditConfig, eos: Vec<u32>, out: &Outputs) -> Result<Self> {
         let range = RangeAudit::new(cfg)?;
         let rows = out
             .rows
@@ -103,7 +104,7 @@ impl PolicyAudit {
         let rollout: Vec<f64> = batch.rollout_log_probs.iter().map(|&x| x.into()).collect();
         let scores: Vec<f64> = batch.scores.iter().map(|&x| x.into()).collect();
         let truncated: Vec<bool> = (0..batch.len())
-            .map(|i| batch.truncated(i, self.eos))
+            .map(|i| batch.truncated(i, &self.eos))
             .collect();
         let groups = batch.groups();
         let audit = self.range.add(&StepRollouts {
@@ -180,7 +181,7 @@ mod tests {
             rows: Some(dir.path().join("rows.parquet")),
             plots: Some(dir.path().join("plots")),
         };
-        let mut a = PolicyAudit::new(cfg(), 1, &out).unwrap();
+        let mut a = PolicyAudit::new(cfg(), vec![1], &out).unwrap();
         let b = batch();
         let step = a.add(&b, &[-1.0, -0.5, -2.0, -2.0, -1.0]).unwrap();
         assert_eq!(step.rows.len(), 2);
@@ -204,7 +205,7 @@ mod tests {
             rows: Some(dir.path().join("rows.parquet")),
             plots: None,
         };
-        let mut a = PolicyAudit::new(cfg(), 1, &out).unwrap();
+        let mut a = PolicyAudit::new(cfg(), vec![1], &out).unwrap();
         a.add(&batch(), &[-1.0; 5]).unwrap();
         drop(a);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

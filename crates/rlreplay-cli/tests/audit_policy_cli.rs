@@ -271,8 +271,8 @@ fn rows_table_and_plots() {
     for step in 1..=3i64 {
         let shard = fixture().join(format!("data/step-{step:04}.parquet"));
         let opts = ReadOptions {
-            eos: 1,
-            ..ReadOptions::default()
+            eos: vec![1],
+            ..ReadOptions::new([])
         };
         let (ds, _) = read_shard(&shard, step, &opts).unwrap();
         for i in 0..ds.len() {
@@ -280,7 +280,7 @@ fn rows_table_and_plots() {
             assert_eq!(r.0, ds.uids[i]);
             assert_eq!((r.1, r.2), (step, i as i64));
             assert_eq!(r.3 as usize, ds.response(i).len());
-            assert_eq!(r.4, ds.truncated(i, 1));
+            assert_eq!(r.4, ds.truncated(i, &[1]));
             assert!(close(r.6, r.5.clamp(-20.0, 20.0).exp(), 1e-12));
             assert_eq!(r.8, r.6 > 1.5);
             assert!(r.7 as usize <= ds.response(i).len());

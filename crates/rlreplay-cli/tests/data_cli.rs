@@ -83,17 +83,21 @@ fn synth_then_audit_json() {
     assert_eq!(lines[2]["rows"], 64);
     assert!(lines[2]["resp_len_max"].as_u64().unwrap() <= 64);
     assert!(lines[2]["logprob_mean"].as_f64().unwrap() < 0.0);
-    // Human table: header, 3 steps, summary.
+    // Human table: header, 3 steps, summary, the end-of-sequence ids used.
     let o = rlreplay(&["audit", d, "--eos", "999"]);
     assert!(o.status.success());
     let table = stdout(&o);
-    assert_eq!(table.lines().count(), 5, "{table}");
+    assert_eq!(table.lines().count(), 6, "{table}");
     assert!(table
         .lines()
-        .last()
+        .nth(4)
         .unwrap()
         .trim_start()
         .starts_with("all"));
+    assert_eq!(
+        table.lines().last().unwrap(),
+        "end of sequence: 999 (from --eos)"
+    );
 }
 
 #[test]
@@ -105,25 +109,27 @@ fn validate_clean_and_broken() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stdout(&o).contains("OK"));
     // A vocabulary smaller than the ids: every shard fails.
-    let o = rlreplay(&["validate", d, "--vocab", "10"]);
+    let o = rlreplay(&["validate", d, "--vocab", "10", "--eos", "999"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stdout(&o).contains("bad_token_id"), "{}", stdout(&o));
     // A truncated shard: named in the report; lenient does not rescue an unreadable file.
     let shard = dir.path().join("data/step-0002.parquet");
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() / 3]).unwrap();
-    let o = rlreplay(&["validate", d]);
+    let o = rlreplay(&["validate", d, "--eos", "999"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stdout(&o).contains("step-0002.parquet"), "{}", stdout(&o));
     assert_eq!(
-        rlreplay(&["validate", d, "--lenient"]).status.code(),
+        rlreplay(&["validate", d, "--lenient", "--eos", "999"])
+            .status
+            .code(),
         Some(1)
     );
     // Audit stops with the error (exit 2) naming the file.
-    let o = rlreplay(&["audit", d]);
+    let o = rlreplay(&["audit", d, "--eos", "999"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("step-0002.parquet"));
-    let o = rlreplay(&["validate", "/nonexistent/data"]);
+    let o = rlreplay(&["validate", "/nonexistent/data", "--eos", "999"]);
     assert_eq!(o.status.code(), Some(1));
 }
 
@@ -156,7 +162,7 @@ fn show_a_row() {
     assert!(s.contains("step:        2   row: 5"), "{s}");
     assert!(s.contains("response ids"), "{s}");
     assert!(s.contains("log-probs:"), "{s}");
-    let o = rlreplay(&["show", d, "--step", "2", "--row", "500"]);
+    let o = rlreplay(&["show", d, "--step", "2", "--row", "500", "--eos", "999"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("has 32 rows"));
 }
@@ -251,7 +257,7 @@ fn validate_reports_zero_row_shards() {
     let path =
         rlreplay_data::write_shard(dir.path(), &rlreplay_data::RolloutBatch::empty(1)).unwrap();
     let d = dir.path().to_str().unwrap();
-    let o = rlreplay(&["validate", d]);
+    let o = rlreplay(&["validate", d, "--eos", "1"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let out = stdout(&o);
     assert!(
@@ -261,7 +267,7 @@ fn validate_reports_zero_row_shards() {
     assert!(out.contains(&path.display().to_string()), "{out}");
     // Reading it for training fails with the same problem instead of an empty step.
     let err =
-        rlreplay_data::read_shard(&path, 1, &rlreplay_data::ReadOptions::default()).unwrap_err();
+        rlreplay_data::read_shard(&path, 1, &rlreplay_data::ReadOptions::new([])).unwrap_err();
     assert!(format!("{err:#}").contains("holds no rows"), "{err:#}");
 }
 
@@ -269,7 +275,7 @@ fn validate_reports_zero_row_shards() {
 fn hub_paths_with_a_query_are_refused_before_any_request() {
     // Nothing listens on the endpoint: a request would report it unreachable instead.
     let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-        .args(["validate", "hf://datasets/a/b?x=1"])
+        .args(["validate", "hf://datasets/a/b?x=1", "--eos", "1"])
         .env("HF_ENDPOINT", "http://127.0.0.1:9")
         .env("HF_HOME", tempfile::tempdir().unwrap().path())
         .output()
@@ -280,4 +286,107 @@ fn hub_paths_with_a_query_are_refused_before_any_request() {
         out.contains("invalid hub path") && out.contains("'?'"),
         "{out}"
     );
+}
+
+/// The end-of-sequence ids of the model-less commands come from `--eos`, else from the special
+/// tokens of the `--tokenizer` (or model) directory, else from the installed tokenizer's
+/// directory; without any of them the command says which flag to pass. No built-in id.
+#[test]
+fn end_of_sequence_ids_come_from_the_tokenizer_or_eos() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), "1000", "999");
+    let d = dir.path().to_str().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("config.json"), r#"{"eos_token_id": [999, 7]}"#).unwrap();
+    let m = model.to_str().unwrap();
+    // The model directory's ids count truncated responses as --eos does.
+    let by_flag = rlreplay(&["audit", d, "--json", "--eos", "999,7"]);
+    let by_model = rlreplay(&["audit", d, "--json", "--tokenizer", m]);
+    assert!(
+        by_model.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_model.stderr)
+    );
+    assert_eq!(stdout(&by_flag), stdout(&by_model));
+    let other = rlreplay(&["audit", d, "--json", "--eos", "7"]);
+    assert_ne!(stdout(&other), stdout(&by_model), "the ids must matter");
+    // The reports say which ids were used and where they came from.
+    let o = rlreplay(&["validate", d, "--tokenizer", m]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!("end of sequence: 999, 7 (from {m})")),
+        "{}",
+        stdout(&o)
+    );
+    let o = rlreplay(&["audit", d, "--eos", "999"]);
+    assert!(
+        stdout(&o).contains("end of sequence: 999 (from --eos)"),
+        "{}",
+        stdout(&o)
+    );
+    // synth writes the first id the directory names.
+    let again = tempfile::tempdir().unwrap();
+    let o = rlreplay(&[
+        "synth",
+        "--out",
+        again.path().to_str().unwrap(),
+        "--steps",
+        "1",
+        "--prompts",
+        "2",
+        "--group",
+        "2",
+        "--vocab",
+        "1000",
+        "--tokenizer",
+        m,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("end of sequence: 999, from {m}")),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A directory that names none, and no source at all: errors naming the way out.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = rlreplay(&["validate", d, "--tokenizer", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("names no end-of-sequence token") && err.contains("--eos"),
+        "{err}"
+    );
+    for cmd in ["validate", "audit", "show"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args([cmd, d])
+            .env("RLREPLAY_TOKENIZER", "/nonexistent/tokenizer.json")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("no end-of-sequence id")
+                && err.contains("--eos")
+                && err.contains("--tokenizer"),
+            "{cmd}: {err}"
+        );
+    }
+    // The installed Qwen3 tokenizer names <|im_end|> and <|endoftext|>.
+    let installed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/qwen3");
+    if installed.join("tokenizer.json").is_file() {
+        let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args(["audit", d])
+            .env("RLREPLAY_TOKENIZER", installed.join("tokenizer.json"))
+            .output()
+            .unwrap();
+        assert!(
+            stdout(&o).contains("end of sequence: 151645, 151643"),
+            "{}",
+            stdout(&o)
+        );
+    } else {
+        eprintln!("skipped the installed tokenizer: run scripts/install-tokenizer.sh first");
+    }
 }

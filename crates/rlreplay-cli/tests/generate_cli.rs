@@ -72,7 +72,7 @@ fn generate_writes_a_scored_shard_with_matching_logprobs() {
     let o = run(&out);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let read = |dir: &Path| {
-        read_shard(&shard_path(dir, 0), 0, &ReadOptions::default())
+        read_shard(&shard_path(dir, 0), 0, &ReadOptions::new([]))
             .unwrap()
             .0
     };

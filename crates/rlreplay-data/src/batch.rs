@@ -114,9 +114,10 @@ impl RolloutBatch {
         &self.rollout_log_probs[self.response_offsets[i]..self.response_offsets[i + 1]]
     }
 
-    /// Whether row `i`'s response was cut by the length limit (it does not end with `eos`).
-    pub fn truncated(&self, i: usize, eos: u32) -> bool {
-        self.response(i).last() != Some(&eos)
+    /// Whether row `i`'s response was cut by the length limit (it ends with none of the ids of
+    /// `eos`).
+    pub fn truncated(&self, i: usize, eos: &[u32]) -> bool {
+        self.response(i).last().is_none_or(|t| !eos.contains(t))
     }
 
     /// Row ranges of the contiguous runs of equal `uid` (the prompt groups), in row order.
@@ -225,8 +226,8 @@ mod tests {
         assert_eq!(b.response(2), &[7, 8, 9]);
         assert_eq!(b.log_probs(0), &[-0.5, -0.1]);
         assert_eq!(b.groups(), vec![0..2, 2..3]);
-        assert!(b.truncated(1, 9));
-        assert!(!b.truncated(0, 9));
+        assert!(b.truncated(1, &[9]));
+        assert!(!b.truncated(0, &[9]));
         assert!(RolloutBatch::empty(0).groups().is_empty());
     }
 

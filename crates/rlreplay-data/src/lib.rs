@@ -27,7 +27,7 @@ pub use hub::{resolve_hub_path, HubConfig, HubKind, HubPath};
 pub use read::{
     read_footer, read_shard, read_shard_reusing, validate_shard, ReadOptions, ShardFooter,
 };
-pub use report::{Issue, IssueKind, ValidationReport, DEFAULT_EOS};
+pub use report::{Issue, IssueKind, ValidationReport};
 pub use stats::{AuditStats, AuditSums};
 pub use steps::StepRange;
 pub use tokenizer::{default_tokenizer_path, load_tokenizer, Tokenizer};

@@ -26,7 +26,7 @@ use parquet::file::metadata::ParquetMetaData;
 use crate::batch::RolloutBatch;
 use crate::error::{chain, Error, Result};
 use crate::lists::{read_float_lists, read_token_lists, ListLeaf, ListSource};
-use crate::report::{Issue, IssueKind, ValidationReport, DEFAULT_EOS};
+use crate::report::{Issue, IssueKind, ValidationReport};
 
 /// Accepted names of the prompt-token column, in order of preference.
 pub const PROMPT_ALIASES: &[&str] = &["prompt_token_ids", "prompt_ids"];
@@ -47,21 +47,23 @@ pub const MASK_COLUMNS: &[&str] = &["response_mask", "prompt_mask", "attention_m
 const BATCH_ROWS: usize = 256;
 
 /// How to read shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadOptions {
     /// Skip bad rows (and report them) instead of failing on the first problem.
     pub lenient: bool,
-    /// End-of-sequence id: responses not ending with it are counted as truncated.
-    pub eos: u32,
+    /// The ids that end a response (the model's end-of-sequence and stop tokens, from its
+    /// tokenizer or configuration): a response ending with none of them counts as truncated.
+    pub eos: Vec<u32>,
     /// When set, token ids must be below it.
     pub vocab: Option<u32>,
 }
 
-impl Default for ReadOptions {
-    fn default() -> Self {
+impl ReadOptions {
+    /// Strict reads without a vocabulary check; `eos` are the ids that end a response.
+    pub fn new(eos: impl Into<Vec<u32>>) -> Self {
         Self {
             lenient: false,
-            eos: DEFAULT_EOS,
+            eos: eos.into(),
             vocab: None,
         }
     }
@@ -922,7 +924,7 @@ fn check(
         RolloutBatch::empty(step)
     };
     report.truncated = (0..batch.len())
-        .filter(|&i| batch.truncated(i, opts.eos))
+        .filter(|&i| batch.truncated(i, &opts.eos))
         .count();
     (batch, report)
 }

@@ -9,9 +9,6 @@ use serde::Serialize;
 /// How many issues a report keeps verbatim; further ones are only counted.
 pub const MAX_KEPT_ISSUES: usize = 50;
 
-/// The default end-of-sequence id (Qwen3-Base `<|endoftext|>`, 151643).
-pub const DEFAULT_EOS: u32 = 151_643;
-
 /// The kinds of problem the reader detects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -45,8 +45,9 @@ fn sum_f64(xs: &[f32]) -> f64 {
 }
 
 impl AuditSums {
-    /// The sums of one batch; `eos` decides which responses count as truncated.
-    pub fn of_batch(b: &RolloutBatch, eos: u32) -> Self {
+    /// The sums of one batch; a response ending with none of the ids of `eos` counts as
+    /// truncated.
+    pub fn of_batch(b: &RolloutBatch, eos: &[u32]) -> Self {
         let mut s = AuditSums {
             steps: 1,
             rows: b.len(),
@@ -175,7 +176,7 @@ mod tests {
             None,
             None,
         );
-        let s = AuditSums::of_batch(&b, eos).stats();
+        let s = AuditSums::of_batch(&b, &[eos]).stats();
         assert_eq!((s.rows, s.groups, s.resp_len_max), (4, 2, 3));
         assert_eq!(s.group_size, 2.0);
         assert_eq!(s.score_mean, 0.5);
@@ -184,8 +185,8 @@ mod tests {
         assert_eq!(s.resp_len_mean, 2.0);
         assert_eq!(s.truncated, 0.25);
         assert_eq!(s.logprob_mean, -9.5 / 8.0);
-        let mut total = AuditSums::of_batch(&b, eos);
-        total.merge(&AuditSums::of_batch(&b, eos));
+        let mut total = AuditSums::of_batch(&b, &[eos]);
+        total.merge(&AuditSums::of_batch(&b, &[eos]));
         let t = total.stats();
         assert_eq!((t.rows, t.groups), (8, 4));
         assert_eq!(t.logprob_mean, s.logprob_mean);

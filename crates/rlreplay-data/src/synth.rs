@@ -15,7 +15,6 @@ use rand_distr::{Beta, Distribution, Exp, LogNormal};
 
 use crate::batch::RolloutBatch;
 use crate::error::{Error, Result};
-use crate::report::DEFAULT_EOS;
 use crate::write::ShardWriter;
 
 /// Settings of a synthetic dataset.
@@ -46,8 +45,8 @@ pub struct SynthConfig {
 }
 
 impl Default for SynthConfig {
-    /// The published run's shape: 256 prompts × 16 rollouts, Qwen3 vocabulary, mean response 1400
-    /// tokens capped at 4096.
+    /// The published run's shape: 256 prompts × 16 rollouts, Qwen3 vocabulary and end of sequence
+    /// (`<|endoftext|>`, 151643), mean response 1400 tokens capped at 4096.
     fn default() -> Self {
         Self {
             steps: 1,
@@ -58,7 +57,7 @@ impl Default for SynthConfig {
             mean_len: 1400.0,
             max_len: 4096,
             prompt_len: 150,
-            eos: DEFAULT_EOS,
+            eos: 151_643,
             pattern_len: 0,
             seed: 0,
         }

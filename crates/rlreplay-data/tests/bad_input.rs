@@ -15,16 +15,16 @@ use rlreplay_data::{
     read_shard, validate_shard, write_shard, IssueKind, ReadOptions, RolloutBatch,
 };
 
-const STRICT: ReadOptions = ReadOptions {
-    lenient: false,
-    eos: 999,
-    vocab: None,
-};
-const LENIENT: ReadOptions = ReadOptions {
-    lenient: true,
-    eos: 999,
-    vocab: None,
-};
+fn strict() -> ReadOptions {
+    ReadOptions::new([999])
+}
+
+fn lenient() -> ReadOptions {
+    ReadOptions {
+        lenient: true,
+        ..strict()
+    }
+}
 
 fn shard(dir: &Path, b: &RolloutBatch) -> PathBuf {
     write_shard(dir, b).unwrap()
@@ -76,14 +76,14 @@ fn bad_log_probs() {
         let path = shard(dir.path(), &with_log_prob(v));
         let msg = expect_issue(
             &path,
-            &STRICT,
+            &strict(),
             IssueKind::BadLogProb,
             Some(5),
             Some("rollout_log_probs"),
         );
         assert!(msg.contains(word) && msg.contains("at token 1"), "{msg}");
         // Lenient: the row is dropped, the group becomes smaller (reported, not fatal).
-        let (b, report) = read_shard(&path, 1, &LENIENT).unwrap();
+        let (b, report) = read_shard(&path, 1, &lenient()).unwrap();
         assert_eq!((b.len(), report.rows_skipped), (15, 1));
         assert_eq!(report.counts[&IssueKind::BadLogProb], 1);
         assert_eq!(report.counts[&IssueKind::UnequalGroupSize], 1);
@@ -101,7 +101,13 @@ fn bad_scores() {
         let mut b = small_batch();
         b.scores[3] = v;
         let path = shard(dir.path(), &b);
-        expect_issue(&path, &STRICT, IssueKind::BadScore, Some(3), Some("score"));
+        expect_issue(
+            &path,
+            &strict(),
+            IssueKind::BadScore,
+            Some(3),
+            Some("score"),
+        );
     }
 }
 
@@ -131,7 +137,7 @@ fn empty_response() {
     let path = shard(dir.path(), &e);
     expect_issue(
         &path,
-        &STRICT,
+        &strict(),
         IssueKind::EmptyResponse,
         Some(6),
         Some("response_token_ids"),
@@ -145,12 +151,12 @@ fn token_ids_at_or_above_vocab() {
     b.response_tokens[b.response_offsets[9]] = 5000;
     let path = shard(dir.path(), &b);
     assert!(
-        read_shard(&path, 1, &STRICT).is_ok(),
+        read_shard(&path, 1, &strict()).is_ok(),
         "no vocabulary given: any u32 id is fine"
     );
     let opts = ReadOptions {
         vocab: Some(1000),
-        ..STRICT
+        ..strict()
     };
     let msg = expect_issue(
         &path,
@@ -171,13 +177,13 @@ fn non_contiguous_groups() {
     let path = shard(dir.path(), &b.select(&order));
     let msg = expect_issue(
         &path,
-        &STRICT,
+        &strict(),
         IssueKind::NonContiguousGroup,
         Some(6),
         Some("uid"),
     );
     assert!(msg.contains("began at row 0"), "{msg}");
-    let (l, report) = read_shard(&path, 1, &LENIENT).unwrap();
+    let (l, report) = read_shard(&path, 1, &lenient()).unwrap();
     assert_eq!((l.len(), report.rows_skipped), (12, 4));
     assert_eq!(l.groups().len(), 3);
 }
@@ -190,12 +196,12 @@ fn unequal_group_sizes() {
     let path = shard(dir.path(), &b.select(&rows));
     expect_issue(
         &path,
-        &STRICT,
+        &strict(),
         IssueKind::UnequalGroupSize,
         Some(8),
         Some("uid"),
     );
-    let (l, report) = read_shard(&path, 1, &LENIENT).unwrap();
+    let (l, report) = read_shard(&path, 1, &lenient()).unwrap();
     assert_eq!((l.len(), report.rows_skipped), (15, 0));
 }
 
@@ -260,13 +266,13 @@ fn lengths_mismatch() {
     let path = raw_shard(dir.path(), responses, lps, uid);
     let msg = expect_issue(
         &path,
-        &STRICT,
+        &strict(),
         IssueKind::LengthMismatch,
         Some(1),
         Some("rollout_log_probs"),
     );
     assert!(msg.contains("1 log-probs for 2 response tokens"), "{msg}");
-    let (b, report) = read_shard(&path, 1, &LENIENT).unwrap();
+    let (b, report) = read_shard(&path, 1, &lenient()).unwrap();
     assert_eq!((b.len(), report.rows_skipped), (3, 1));
     // Rows after the dropped one keep their own log-probs.
     assert_eq!(b.log_probs(1), &[-0.1, -0.2, -0.3]);
@@ -290,8 +296,8 @@ fn null_values_and_negative_ids() {
     ];
     let lps = vec![vec![-0.1, -0.2], vec![], vec![-0.1, -0.2], vec![-0.1, -0.2]];
     let path = raw_shard(dir.path(), responses, lps, uid);
-    expect_issue(&path, &STRICT, IssueKind::NullValue, Some(2), Some("uid"));
-    let report = validate_shard(&path, 1, &STRICT);
+    expect_issue(&path, &strict(), IssueKind::NullValue, Some(2), Some("uid"));
+    let report = validate_shard(&path, 1, &strict());
     assert_eq!(report.counts[&IssueKind::NullValue], 2, "{report}");
     assert_eq!(report.counts[&IssueKind::BadTokenId], 1, "{report}");
     assert!(report
@@ -302,7 +308,7 @@ fn null_values_and_negative_ids() {
         .issues
         .iter()
         .any(|i| i.row == Some(3) && i.message.contains("-7")));
-    let (b, _) = read_shard(&path, 1, &LENIENT).unwrap();
+    let (b, _) = read_shard(&path, 1, &lenient()).unwrap();
     assert_eq!(b.len(), 1);
 }
 
@@ -332,7 +338,7 @@ fn wrongly_typed_columns() {
     );
     let msg = expect_issue(
         &p1,
-        &STRICT,
+        &strict(),
         IssueKind::WrongType,
         None,
         Some("response_token_ids"),
@@ -345,9 +351,9 @@ fn wrongly_typed_columns() {
             Arc::new(StringArray::from(vec!["1.0"; n])),
         ),
     );
-    expect_issue(&p2, &STRICT, IssueKind::WrongType, None, Some("score"));
+    expect_issue(&p2, &strict(), IssueKind::WrongType, None, Some("score"));
     // Wrong types are fatal even for lenient reads.
-    assert!(read_shard(&p2, 1, &LENIENT).is_err());
+    assert!(read_shard(&p2, 1, &lenient()).is_err());
 }
 
 #[test]
@@ -381,7 +387,7 @@ fn masks_must_be_all_ones() {
     );
     expect_issue(
         &path,
-        &STRICT,
+        &strict(),
         IssueKind::BadMask,
         Some(1),
         Some("response_mask"),
@@ -395,18 +401,18 @@ fn corrupted_and_truncated_files() {
     let bytes = std::fs::read(&path).unwrap();
     // Truncated: footer gone.
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-    let msg = expect_issue(&path, &STRICT, IssueKind::Unreadable, None, None);
+    let msg = expect_issue(&path, &strict(), IssueKind::Unreadable, None, None);
     assert!(msg.contains("Parquet"), "{msg}");
-    assert!(read_shard(&path, 1, &LENIENT).is_err());
+    assert!(read_shard(&path, 1, &lenient()).is_err());
     // Not Parquet at all.
     std::fs::write(&path, b"uid,score\na,1\n").unwrap();
-    expect_issue(&path, &STRICT, IssueKind::Unreadable, None, None);
+    expect_issue(&path, &strict(), IssueKind::Unreadable, None, None);
     // Empty file and missing file.
     std::fs::write(&path, b"").unwrap();
-    expect_issue(&path, &STRICT, IssueKind::Unreadable, None, None);
+    expect_issue(&path, &strict(), IssueKind::Unreadable, None, None);
     expect_issue(
         &dir.path().join("nope.parquet"),
-        &STRICT,
+        &strict(),
         IssueKind::Unreadable,
         None,
         None,
@@ -417,8 +423,8 @@ fn corrupted_and_truncated_files() {
         *b = 0xAB;
     }
     std::fs::write(&path, &garbled).unwrap();
-    assert!(read_shard(&path, 1, &STRICT).is_err());
-    assert!(!validate_shard(&path, 1, &STRICT).is_clean());
+    assert!(read_shard(&path, 1, &strict()).is_err());
+    assert!(!validate_shard(&path, 1, &strict()).is_clean());
 }
 
 /// Mutates a small shard's bytes a thousand times (bit flips, byte runs, truncations, inserted
@@ -455,7 +461,10 @@ fn mutated_shards_never_panic() {
         }
         std::fs::write(&path, &bytes).unwrap();
         let lenient = rng.random_bool(0.5);
-        let opts = ReadOptions { lenient, ..STRICT };
+        let opts = ReadOptions {
+            lenient,
+            ..strict()
+        };
         match read_shard(&path, 1, &opts) {
             Ok((batch, _)) => {
                 ok += 1;
@@ -484,7 +493,7 @@ fn negative_token_ids_are_called_negative() {
     let path = raw_shard(dir.path(), responses, vec![vec![-0.1, -0.2]; 2], uid);
     // With and without a vocabulary: the id is negative, not "not below the vocabulary size".
     for vocab in [None, Some(1000)] {
-        let opts = ReadOptions { vocab, ..STRICT };
+        let opts = ReadOptions { vocab, ..strict() };
         let msg = expect_issue(
             &path,
             &opts,
@@ -500,7 +509,7 @@ fn negative_token_ids_are_called_negative() {
     }
     let opts = ReadOptions {
         vocab: Some(5),
-        ..STRICT
+        ..strict()
     };
     let msg = expect_issue(
         &path,
@@ -519,12 +528,12 @@ fn negative_token_ids_are_called_negative() {
 fn zero_row_shards_are_reported() {
     let dir = tempfile::tempdir().unwrap();
     let path = shard(dir.path(), &RolloutBatch::empty(1));
-    let msg = expect_issue(&path, &STRICT, IssueKind::EmptyShard, None, None);
+    let msg = expect_issue(&path, &strict(), IssueKind::EmptyShard, None, None);
     assert!(msg.contains("the shard holds no rows"), "{msg}");
-    let report = validate_shard(&path, 1, &STRICT);
+    let report = validate_shard(&path, 1, &strict());
     assert_eq!(report.counts[&IssueKind::EmptyShard], 1, "{report}");
     // Lenient reads count it and return the empty step (not a structural problem).
-    let (b, report) = read_shard(&path, 1, &LENIENT).unwrap();
+    let (b, report) = read_shard(&path, 1, &lenient()).unwrap();
     assert!(b.is_empty());
     assert_eq!(report.counts[&IssueKind::EmptyShard], 1);
     assert!(!IssueKind::EmptyShard.is_structural());

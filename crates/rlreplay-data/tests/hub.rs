@@ -266,15 +266,7 @@ fn dataset_open_reads_hub_datasets_through_the_environment() {
         ds.steps().iter().map(|s| s.0).collect::<Vec<_>>(),
         vec![3, 4]
     );
-    let (b, report) = ds
-        .read_step(
-            4,
-            &ReadOptions {
-                eos: 999,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let (b, report) = ds.read_step(4, &ReadOptions::new([999])).unwrap();
     assert_eq!(b.len(), 16);
     assert!(report.is_clean());
     assert!(ds.steps()[0].1.starts_with(cache.path().join("hub")));

@@ -31,7 +31,7 @@ fn pyarrow_layouts_read_back_exactly() {
     for layout in layouts {
         let layout = layout.as_str().unwrap();
         let path = fixtures().join(layout).join("data/step-0001.parquet");
-        let (b, report) = read_shard(&path, 1, &ReadOptions::default())
+        let (b, report) = read_shard(&path, 1, &ReadOptions::new([]))
             .unwrap_or_else(|e| panic!("{layout}: {e:#}"));
         assert!(report.is_clean(), "{layout}: {report}");
         assert_eq!(b.len(), rows.len(), "{layout}");

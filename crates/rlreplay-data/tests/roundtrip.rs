@@ -43,8 +43,8 @@ fn policy_versions_round_trip() {
     }
     let path = write_shard(dir.path(), &b).unwrap();
     let opts = ReadOptions {
-        eos: 999,
-        ..Default::default()
+        eos: vec![999],
+        ..ReadOptions::new([])
     };
     let (back, _) = read_shard(&path, 1, &opts).unwrap();
     assert_eq!(back.policy_version, b.policy_version);
@@ -61,8 +61,8 @@ fn write_then_read_is_identity() {
         &path,
         1,
         &ReadOptions {
-            eos: 999,
-            ..Default::default()
+            eos: vec![999],
+            ..ReadOptions::new([])
         },
     )
     .unwrap();
@@ -74,7 +74,7 @@ fn write_then_read_is_identity() {
     assert_eq!(report.rows_read, 16);
     assert_eq!(
         report.truncated,
-        (0..b.len()).filter(|&i| b.truncated(i, 999)).count()
+        (0..b.len()).filter(|&i| b.truncated(i, &[999])).count()
     );
     // No temp file left behind.
     let names: Vec<_> = std::fs::read_dir(dir.path().join("data"))
@@ -126,11 +126,11 @@ fn dataset_layouts_and_step_ranges() {
         vec![2, 3, 4]
     );
     let opts = ReadOptions {
-        eos: 999,
-        ..Default::default()
+        eos: vec![999],
+        ..ReadOptions::new([])
     };
     let read: Vec<i64> = ds
-        .iter("4..".parse().unwrap(), opts)
+        .iter("4..".parse().unwrap(), opts.clone())
         .map(|r| r.unwrap().0.step)
         .collect();
     assert_eq!(read, vec![4, 5]);
@@ -154,11 +154,11 @@ fn recycled_batches_read_like_fresh_ones() {
     write_dataset(dir.path(), &cfg, |_| {}).unwrap();
     let ds = Dataset::open(dir.path().to_str().unwrap()).unwrap();
     let opts = ReadOptions {
-        eos: 999,
-        ..Default::default()
+        eos: vec![999],
+        ..ReadOptions::new([])
     };
     // Each step is decoded into the buffers of the step before it.
-    let mut steps = ds.iter(StepRange::ALL, opts);
+    let mut steps = ds.iter(StepRange::ALL, opts.clone());
     let mut seen = Vec::new();
     while let Some(item) = steps.next() {
         let (batch, report) = item.unwrap();
@@ -191,7 +191,7 @@ fn synth_is_deterministic_and_shaped_like_the_seed() {
     );
     assert_eq!(a.len(), 32 * 16);
     assert_eq!(a.groups().len(), 32);
-    let s = AuditSums::of_batch(&a, cfg.eos).stats();
+    let s = AuditSums::of_batch(&a, &[cfg.eos]).stats();
     assert!(
         (1200.0..1600.0).contains(&s.resp_len_mean),
         "{}",
@@ -291,8 +291,8 @@ fn aliases_int64_large_lists_masks_and_extra_columns() {
         .read_step(
             12,
             &ReadOptions {
-                eos: 9,
-                ..Default::default()
+                eos: vec![9],
+                ..ReadOptions::new([])
             },
         )
         .unwrap();
@@ -323,7 +323,7 @@ fn missing_column_lists_the_columns_found() {
             ),
         ],
     );
-    let err = read_shard(&path, 1, &ReadOptions::default()).unwrap_err();
+    let err = read_shard(&path, 1, &ReadOptions::new([])).unwrap_err();
     let issue = err.issue().unwrap();
     assert_eq!(issue.kind, IssueKind::MissingColumn);
     let msg = err.to_string();

@@ -5,14 +5,15 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::chat::ChatTokenizer;
+use tokenizers::Tokenizer;
+
 use crate::error::{Error, Result};
 
 /// The token ids that end a response, read from a Hugging Face model directory, first seen
 /// first: `eos_token_id` of `generation_config.json` and of `config.json` (one id or a list),
-/// then the `eos_token` and `pad_token` of `tokenizer_config.json` looked up in `chat`'s
-/// vocabulary. Empty when the directory names none.
-pub fn stop_ids(dir: &Path, chat: Option<&ChatTokenizer>) -> Result<Vec<u32>> {
+/// then the `eos_token` and `pad_token` of `tokenizer_config.json` looked up in `tokenizer`'s
+/// vocabulary (the directory's `tokenizer.json`). Empty when the directory names none.
+pub fn stop_ids(dir: &Path, tokenizer: Option<&Tokenizer>) -> Result<Vec<u32>> {
     let mut ids: Vec<u32> = Vec::new();
     let mut push = |id: u32| {
         if !ids.contains(&id) {
@@ -39,14 +40,16 @@ pub fn stop_ids(dir: &Path, chat: Option<&ChatTokenizer>) -> Result<Vec<u32>> {
             _ => None,
         };
     }
-    if let (Some(chat), Some(json)) = (chat, read_json(&dir.join("tokenizer_config.json"))?) {
+    if let (Some(tokenizer), Some(json)) =
+        (tokenizer, read_json(&dir.join("tokenizer_config.json"))?)
+    {
         for key in ["eos_token", "pad_token"] {
             let token = match json.get(key) {
                 Some(Value::String(s)) => Some(s.as_str()),
                 Some(Value::Object(o)) => o.get("content").and_then(Value::as_str),
                 _ => None,
             };
-            if let Some(id) = token.and_then(|t| chat.tokenizer.token_to_id(t)) {
+            if let Some(id) = token.and_then(|t| tokenizer.token_to_id(t)) {
                 push(id);
             }
         }

@@ -200,7 +200,7 @@ fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> R
         return Ok(ids.to_vec());
     }
     let ids = match dir {
-        Some(dir) => rlreplay_sampling::stop_ids(dir, chat)?,
+        Some(dir) => rlreplay_sampling::stop_ids(dir, chat.map(|c| &c.tokenizer))?,
         None => Vec::new(),
     };
     if ids.is_empty() {

@@ -74,7 +74,7 @@ fn synchronous_remote_equals_local_and_fails_over() {
         // Each logged row records the policy version that generated it.
         let shard = out.path().join("rollouts/data/step-0002.parquet");
         let (rows, _) =
-            rlreplay_data::read_shard(&shard, 2, &rlreplay_data::ReadOptions::default()).unwrap();
+            rlreplay_data::read_shard(&shard, 2, &rlreplay_data::ReadOptions::new([])).unwrap();
         assert!(rows.policy_version.iter().all(|&v| v == Some(1)));
     }
     // One endpoint down from the start: everything runs on the other, with the same result.
@@ -166,7 +166,7 @@ fn one_step_off_policy_learns_and_counts_staleness() {
                 .path()
                 .join(format!("rollouts/data/step-{step:04}.parquet"));
             let (rows, _) =
-                rlreplay_data::read_shard(&shard, step, &rlreplay_data::ReadOptions::default())
+                rlreplay_data::read_shard(&shard, step, &rlreplay_data::ReadOptions::new([]))
                     .unwrap();
             assert!(
                 rows.policy_version.iter().all(|&v| v == Some(version)),

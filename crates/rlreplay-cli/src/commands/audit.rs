@@ -5,8 +5,10 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rlreplay_data::{AuditStats, AuditSums, Dataset, ReadOptions, StepRange, DEFAULT_EOS};
+use rlreplay_data::{AuditStats, AuditSums, Dataset, ReadOptions, StepRange};
 use serde::Serialize;
+
+use super::eos::EosArgs;
 
 /// Arguments of `rlreplay audit`.
 #[derive(clap::Args)]
@@ -20,9 +22,12 @@ pub struct Args {
     /// One JSON object per step on stdout, then one with "summary": true.
     #[arg(long)]
     pub json: bool,
-    /// End-of-sequence id; responses not ending with it count as truncated.
-    #[arg(long, default_value_t = DEFAULT_EOS)]
-    pub eos: u32,
+    #[command(flatten)]
+    pub eos: EosArgs,
+    /// Tokenizer or model (tokenizer.json, its directory, or hf://OWNER/NAME) whose directory
+    /// names the end-of-sequence ids (with --policy: the policy's directory).
+    #[arg(long)]
+    pub tokenizer: Option<String>,
     /// Skip bad rows instead of stopping at the first problem.
     #[arg(long, conflicts_with = "policy")]
     pub lenient: bool,
@@ -89,10 +94,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.policy.policy.is_some() {
         return policy::run(args);
     }
+    let eos = args.eos.resolve(args.tokenizer.as_deref())?;
     let ds = Dataset::open_steps(&args.path, args.steps)?;
     let opts = ReadOptions {
         lenient: args.lenient,
-        eos: args.eos,
+        eos: eos.ids.clone(),
         vocab: None,
     };
     let shards = ds.steps();
@@ -122,7 +128,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut steps = ds.iter(StepRange::ALL, opts);
     while let Some(item) = steps.next() {
         let (batch, report) = item?;
-        let sums = AuditSums::of_batch(&batch, args.eos);
+        let sums = AuditSums::of_batch(&batch, &eos.ids);
         total.merge(&sums);
         skipped += report.rows_skipped;
         let stats = sums.stats();
@@ -168,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         writeln!(out)?;
     } else {
         writeln!(out, "{}", table_row("all", &stats))?;
+        writeln!(out, "{eos}")?;
     }
     Ok(ExitCode::SUCCESS)
 }

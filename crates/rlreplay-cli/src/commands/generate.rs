@@ -80,9 +80,9 @@ impl SamplingArgs {
 
     /// The ids the model directory (and the tokenizer directory) name as ends of a response.
     fn model_stop_ids(&self, chat: &ChatTokenizer) -> Result<Vec<u32>> {
-        let mut ids = rlreplay_sampling::stop_ids(&self.model, Some(chat))?;
+        let mut ids = rlreplay_sampling::stop_ids(&self.model, Some(&chat.tokenizer))?;
         if let Some(dir) = &self.tokenizer {
-            for id in rlreplay_sampling::stop_ids(dir, Some(chat))? {
+            for id in rlreplay_sampling::stop_ids(dir, Some(&chat.tokenizer))? {
                 if !ids.contains(&id) {
                     ids.push(id);
                 }

@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod compute;
 pub mod device_check;
+pub mod eos;
 pub mod eval;
 pub mod generate;
 pub mod logprobs;

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use rlreplay_data::{
-    default_tokenizer_path, load_tokenizer, Dataset, ReadOptions, StepRange, DEFAULT_EOS,
-};
+use rlreplay_data::{default_tokenizer_path, load_tokenizer, Dataset, ReadOptions, StepRange};
+
+use super::eos::EosArgs;
 
 /// Arguments of `rlreplay show`.
 #[derive(clap::Args)]
@@ -19,12 +19,11 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub row: usize,
     /// tokenizer.json (file, directory or hf://OWNER/NAME); default: the installed Qwen3 tokenizer
-    /// when found, else raw ids are shown.
+    /// when found, else raw ids are shown. Its directory also names the end-of-sequence ids.
     #[arg(long)]
     pub tokenizer: Option<String>,
-    /// End-of-sequence id.
-    #[arg(long, default_value_t = DEFAULT_EOS)]
-    pub eos: u32,
+    #[command(flatten)]
+    pub eos: EosArgs,
     /// Skip bad rows when reading (row indices then count kept rows).
     #[arg(long)]
     pub lenient: bool,
@@ -46,12 +45,13 @@ fn ids(t: &[u32]) -> String {
 
 /// Runs `rlreplay show`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let eos = args.eos.resolve(args.tokenizer.as_deref())?;
     let range = args.step.map_or(StepRange::ALL, |s| StepRange::new(s, s));
     let ds = Dataset::open_steps(&args.path, range)?;
     let step = ds.steps()[0].0;
     let opts = ReadOptions {
         lenient: args.lenient,
-        eos: args.eos,
+        eos: eos.ids.clone(),
         vocab: None,
     };
     let (b, _) = ds.read_step(step, &opts)?;
@@ -82,8 +82,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "lengths:     prompt {}   response {}   truncated: {}",
         prompt.len(),
         response.len(),
-        b.truncated(i, args.eos)
+        b.truncated(i, &eos.ids)
     );
+    println!("             {eos}");
     println!(
         "log-probs:   sum {sum:.4}   mean {:.4}   min {min:.4}   max {max:.4}",
         sum / n

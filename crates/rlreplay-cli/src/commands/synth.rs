@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use rlreplay_data::synth::{write_dataset, SynthConfig};
-use rlreplay_data::DEFAULT_EOS;
+
+use super::eos::EosArgs;
 
 /// Arguments of `rlreplay synth`.
 #[derive(clap::Args)]
@@ -37,9 +38,15 @@ pub struct Args {
     /// Mean prompt length.
     #[arg(long, default_value_t = 150)]
     pub prompt_len: usize,
-    /// End-of-sequence id.
-    #[arg(long, default_value_t = DEFAULT_EOS)]
-    pub eos: u32,
+    /// End-of-sequence id that ends the responses that are not truncated. Default: the first
+    /// id the --tokenizer directory names, else the published run's (Qwen3 `<|endoftext|>`,
+    /// 151643).
+    #[arg(long)]
+    pub eos: Option<u32>,
+    /// Tokenizer or model (tokenizer.json, its directory, or hf://OWNER/NAME) whose directory
+    /// names the end-of-sequence id.
+    #[arg(long)]
+    pub tokenizer: Option<String>,
     /// Successful responses start with a fixed pattern of this many tokens (learnable data).
     #[arg(long, default_value_t = 0)]
     pub pattern_len: usize,
@@ -91,6 +98,17 @@ fn prepare_out(out: &Path, force: bool) -> anyhow::Result<()> {
 
 /// Runs `rlreplay synth`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (eos, from) = match (args.eos, &args.tokenizer) {
+        (Some(id), _) => (id, "--eos".to_string()),
+        (None, Some(t)) => {
+            let named = EosArgs::default().resolve(Some(t))?;
+            (named.ids[0], named.from)
+        }
+        (None, None) => (
+            SynthConfig::default().eos,
+            "the published run's default; set --eos or --tokenizer".to_string(),
+        ),
+    };
     let cfg = SynthConfig {
         steps: args.steps,
         first_step: args.first_step,
@@ -100,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         mean_len: args.mean_len,
         max_len: args.max_len,
         prompt_len: args.prompt_len,
-        eos: args.eos,
+        eos,
         pattern_len: args.pattern_len,
         seed: args.seed,
     };
@@ -109,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let files = write_dataset(&args.out, &cfg, |_| bar.inc(1))?;
     bar.finish_and_clear();
     eprintln!(
-        "wrote {} shard(s) of {} rows to {}",
+        "wrote {} shard(s) of {} rows to {} (end of sequence: {eos}, from {from})",
         files.len(),
         cfg.prompts * cfg.group,
         args.out.join("data").display()

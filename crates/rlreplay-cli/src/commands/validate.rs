@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use rlreplay_data::{
-    validate_shard, Dataset, ReadOptions, StepRange, ValidationReport, DEFAULT_EOS,
-};
+use rlreplay_data::{validate_shard, Dataset, ReadOptions, StepRange, ValidationReport};
+
+use super::eos::EosArgs;
 
 /// Arguments of `rlreplay validate`.
 #[derive(clap::Args)]
@@ -20,13 +20,17 @@ pub struct Args {
     /// Token ids must be below this vocabulary size.
     #[arg(long)]
     pub vocab: Option<u32>,
-    /// End-of-sequence id; responses not ending with it are counted as truncated.
-    #[arg(long, default_value_t = DEFAULT_EOS)]
-    pub eos: u32,
+    #[command(flatten)]
+    pub eos: EosArgs,
+    /// Tokenizer or model (tokenizer.json, its directory, or hf://OWNER/NAME) whose directory
+    /// names the end-of-sequence ids.
+    #[arg(long)]
+    pub tokenizer: Option<String>,
 }
 
 /// Runs `rlreplay validate`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let eos = args.eos.resolve(args.tokenizer.as_deref())?;
     let ds = match Dataset::open_steps(&args.path, args.steps) {
         Ok(ds) => ds,
         Err(e) => {
@@ -36,7 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let opts = ReadOptions {
         lenient: args.lenient,
-        eos: args.eos,
+        eos: eos.ids.clone(),
         vocab: args.vocab,
     };
     let shards = ds.steps();
@@ -63,7 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    println!("{} shard(s) checked", shards.len());
+    println!("{} shard(s) checked; {eos}", shards.len());
     print!("{total}");
     if failed_files > 0 {
         println!("FAILED: {failed_files} shard(s) with problems");

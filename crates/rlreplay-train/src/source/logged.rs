@@ -88,7 +88,7 @@ impl LoggedSource {
             // takes the first end-of-response id; the source judges rows by all of them.
             read: ReadOptions {
                 lenient: false,
-                eos: ctx.stop_ids.first().copied().unwrap_or(u32::MAX),
+                eos: ctx.stop_ids.to_vec(),
                 vocab: cfg.data.vocab_check.then_some(ctx.vocab_size as u32),
             },
             stop_ids: ctx.stop_ids.to_vec(),

@@ -262,11 +262,16 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
     let device = p.device()?;
     let model_cfg = ModelConfig::from_hf_json(policy.join("config.json"))
         .with_context(|| format!("reading the policy {}", policy.display()))?;
+    let tokenizer = args
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| policy.to_string_lossy().into_owned());
+    let eos = args.eos.resolve(Some(&tokenizer))?.ids;
     let ds = Dataset::open_steps(&args.path, args.steps)?;
     check_shards(&ds, &model_cfg, policy)?;
     let opts = ReadOptions {
         lenient: false,
-        eos: args.eos,
+        eos: eos.clone(),
         vocab: u32::try_from(model_cfg.vocab_size).ok(),
     };
     let mut steps = ds.iter(rlreplay_data::StepRange::ALL, opts);
@@ -295,7 +300,7 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
         rows: p.rows_out.clone(),
         plots: p.out.clone(),
     };
-    let mut audit = PolicyAudit::new(cfg.clone(), args.eos, &outputs)?;
+    let mut audit = PolicyAudit::new(cfg.clone(), eos.clone(), &outputs)?;
     let model = Model::load(policy, dtype, &device)
         .with_context(|| format!("loading the policy {}", policy.display()))?;
 
@@ -330,7 +335,7 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
         let step = audit
             .add(&batch, &lp)
             .with_context(|| batch.source.display().to_string())?;
-        let sums = AuditSums::of_batch(&batch, args.eos);
+        let sums = AuditSums::of_batch(&batch, &eos);
         logged_sums.merge(&sums);
         tokens += batch.response_tokens.len();
         bar.suspend(|| -> Result<()> {
