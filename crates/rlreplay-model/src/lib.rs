@@ -19,6 +19,7 @@
 //!   [`Workload`] a decoder copy or gradients and optimizer state), checked against the device's
 //!   available memory before anything is allocated.
 //! - [`AdamW`], [`LrSchedule`]: the optimizer (verl/torch semantics) and learning-rate schedules.
+//! - [`golden`]: the golden fixtures' format (transformers' float64 references).
 #![warn(missing_docs)]
 
 mod causal_lm;
@@ -26,6 +27,7 @@ mod checkpoint;
 mod config;
 mod device;
 pub mod generate;
+pub mod golden;
 pub mod layer;
 mod memory;
 mod mixed;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::load;
 use candle_core::Tensor;
 use rlreplay_model::generate::{Decoder, KvCache};
-use rlreplay_model::{AdamW, AdamWConfig, Architecture, DType, Device, Model, SeqPair};
-use serde::Deserialize;
+use rlreplay_model::golden::{max_abs_diff, Golden};
+use rlreplay_model::{AdamW, AdamWConfig, Architecture, DType, Device, Model};
 
 const MODELS: [&str; 4] = [
     "tiny_tied",
@@ -20,64 +20,16 @@ const MODELS: [&str; 4] = [
     "qwen2_tiny_gqa_untied",
 ];
 
-#[derive(Deserialize)]
-struct Pair {
-    prompt: Vec<u32>,
-    response: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct AdamWGolden {
-    lr: f64,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
-    max_grad_norm: f64,
-    weights_step2: Vec<f64>,
-    grad_norms: Vec<f64>,
-}
-
-#[derive(Deserialize)]
-struct Golden {
-    temperature: f64,
-    pairs: Vec<Pair>,
-    weights: Vec<f64>,
-    logprobs: Vec<Vec<f64>>,
-    entropy: Vec<Vec<f64>>,
-    grad_norm: f64,
-    adamw: AdamWGolden,
-}
-
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 fn golden(name: &str) -> Golden {
-    let text = std::fs::read_to_string(fixtures().join(format!("{name}.golden.json"))).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn pairs(g: &Golden) -> Vec<SeqPair<'_>> {
-    g.pairs
-        .iter()
-        .map(|p| SeqPair::new(&p.prompt, &p.response))
-        .collect()
+    Golden::read(&fixtures().join(format!("{name}.golden.json"))).unwrap()
 }
 
 fn load_model(name: &str, dtype: DType) -> Model {
     Model::load(fixtures().join(name), dtype, &Device::Cpu).unwrap()
-}
-
-fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| {
-            assert_eq!(x.len(), y.len());
-            x.iter().zip(y).map(|(p, q)| (p - q).abs())
-        })
-        .fold(0.0, f64::max)
 }
 
 fn flat(t: &Tensor) -> Vec<f64> {
@@ -104,7 +56,7 @@ fn check_logprobs(dtype: DType, tol: f64) {
     for name in MODELS {
         let g = golden(name);
         let model = load_model(name, dtype);
-        let out = model.logprobs(&pairs(&g), g.temperature, true).unwrap();
+        let out = model.logprobs(&g.pairs(), g.temperature, true).unwrap();
         let d_lp = max_abs_diff(&out.logprobs, &g.logprobs);
         let d_ent = max_abs_diff(out.entropy.as_ref().unwrap(), &g.entropy);
         assert!(d_lp < tol, "{name} {dtype:?}: log-probs differ by {d_lp:e}");
@@ -125,7 +77,7 @@ fn check_grads(dtype: DType, tol: f64) {
         )
         .unwrap();
         let lps = model
-            .forward_backward(&pairs(&g), &g.weights, g.temperature)
+            .forward_backward(&g.pairs(), &g.weights, g.temperature)
             .unwrap();
         let d_lp = max_abs_diff(&lps, &g.logprobs);
         assert!(d_lp < tol, "{name} {dtype:?}: log-probs differ by {d_lp:e}");
@@ -173,17 +125,10 @@ fn two_adamw_steps_with_clipping_match_torch() {
         let g = golden(name);
         let a = &g.adamw;
         let mut model = load_model(name, DType::F64);
-        let cfg = AdamWConfig {
-            beta1: a.beta1,
-            beta2: a.beta2,
-            eps: a.eps,
-            weight_decay: a.weight_decay,
-            max_grad_norm: Some(a.max_grad_norm),
-        };
-        let mut opt = AdamW::new(&model, cfg);
+        let mut opt = AdamW::new(&model, a.config());
         for (step, weights) in [&g.weights, &a.weights_step2].into_iter().enumerate() {
             model
-                .forward_backward(&pairs(&g), weights, g.temperature)
+                .forward_backward(&g.pairs(), weights, g.temperature)
                 .unwrap();
             let report = opt.step(&mut model, a.lr).unwrap();
             assert!(!report.skipped);
@@ -221,7 +166,7 @@ fn hf_export() {
         let mut model = load_model(name, DType::F32);
         let mut opt = AdamW::new(&model, AdamWConfig::default());
         model
-            .forward_backward(&pairs(&g), &g.weights, g.temperature)
+            .forward_backward(&g.pairs(), &g.weights, g.temperature)
             .unwrap();
         opt.step(&mut model, 1e-2).unwrap();
         let dir = root.join(name);
@@ -236,7 +181,7 @@ fn hf_export() {
                 a.name
             );
         }
-        let out = reloaded.logprobs(&pairs(&g), g.temperature, false).unwrap();
+        let out = reloaded.logprobs(&g.pairs(), g.temperature, false).unwrap();
         let json = serde_json::json!({ "logprobs": out.logprobs });
         std::fs::write(dir.join("rust_logprobs.json"), json.to_string()).unwrap();
     }

@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::safetensors::load;
+use rlreplay_model::golden::{self, max_abs_diff, Golden};
 use rlreplay_model::{
     memory_peak, parse_device, reset_memory_peak, AdamW, AdamWConfig, DType, Device, Model,
     ModelConfig, SeqPair,
 };
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// Arguments of `rlreplay device-check`.
@@ -143,72 +143,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[derive(Deserialize)]
-struct Pair {
-    prompt: Vec<u32>,
-    response: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct AdamWGolden {
-    lr: f64,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
-    max_grad_norm: f64,
-}
-
-#[derive(Deserialize)]
-struct Golden {
-    temperature: f64,
-    pairs: Vec<Pair>,
-    weights: Vec<f64>,
-    logprobs: Vec<Vec<f64>>,
-    entropy: Vec<Vec<f64>>,
-    adamw: AdamWGolden,
-}
-
-/// Every fixture of `dir` (`NAME.golden.json` beside the checkpoint `NAME/`), by name.
-fn fixtures(dir: &Path) -> Result<Vec<(String, Golden)>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let Some(name) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".golden.json"))
-        else {
-            continue;
-        };
-        let text = std::fs::read_to_string(&path)?;
-        let g = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
-        out.push((name.to_string(), g));
-    }
-    anyhow::ensure!(
-        !out.is_empty(),
-        "{}: no *.golden.json fixtures",
-        dir.display()
-    );
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
-}
-
-fn pairs(g: &Golden) -> Vec<SeqPair<'_>> {
-    g.pairs
-        .iter()
-        .map(|p| SeqPair::new(&p.prompt, &p.response))
-        .collect()
-}
-
-fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
-}
-
 fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
         DType::BF16 => "bf16",
@@ -223,11 +157,11 @@ fn golden(a: &FixtureArgs) -> Result<Value> {
     let goal = [(DType::F32, 1e-4), (DType::BF16, 5e-2)];
     let mut per_fixture = BTreeMap::new();
     let mut worst = BTreeMap::new();
-    for (name, g) in fixtures(&a.fixtures)? {
+    for (name, g) in golden::fixtures(&a.fixtures)? {
         let mut row = BTreeMap::new();
         for (dtype, _) in goal {
             let model = Model::load(a.fixtures.join(&name), dtype, &device)?;
-            let lp = model.logprobs(&pairs(&g), g.temperature, true)?;
+            let lp = model.logprobs(&g.pairs(), g.temperature, true)?;
             let d_lp = max_abs_diff(&lp.logprobs, &g.logprobs);
             let d_ent = max_abs_diff(lp.entropy.as_deref().unwrap_or_default(), &g.entropy);
             let w = worst.entry(dtype_name(dtype)).or_insert(0.0f64);
@@ -271,16 +205,9 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 fn one_step(dir: &Path, g: &Golden, dtype: DType, device: &Device) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut model = Model::load(dir, dtype, device)?;
     let before = flat(model.params().iter().map(|p| p.var.as_tensor().clone()))?;
-    model.forward_backward(&pairs(g), &g.weights, g.temperature)?;
+    model.forward_backward(&g.pairs(), &g.weights, g.temperature)?;
     let grad = flat(model.grads().iter().flatten().cloned())?;
-    let cfg = AdamWConfig {
-        beta1: g.adamw.beta1,
-        beta2: g.adamw.beta2,
-        eps: g.adamw.eps,
-        weight_decay: g.adamw.weight_decay,
-        max_grad_norm: Some(g.adamw.max_grad_norm),
-    };
-    let mut opt = AdamW::new(&model, cfg);
+    let mut opt = AdamW::new(&model, g.adamw.config());
     opt.step(&mut model, g.adamw.lr)?;
     let after = flat(model.params().iter().map(|p| p.var.as_tensor().clone()))?;
     let update = after.iter().zip(&before).map(|(a, b)| a - b).collect();
@@ -293,7 +220,7 @@ fn step(a: &FixtureArgs) -> Result<Value> {
     let device = parse_device(&a.device)?;
     let mut per_fixture = BTreeMap::new();
     let mut worst: BTreeMap<String, f64> = BTreeMap::new();
-    for (name, g) in fixtures(&a.fixtures)? {
+    for (name, g) in golden::fixtures(&a.fixtures)? {
         let dir = a.fixtures.join(&name);
         let (cpu_grad, cpu_update) = one_step(&dir, &g, DType::F32, &Device::Cpu)?;
         let reference = load(
