@@ -101,7 +101,7 @@ def main():
     r = sub.add_parser("report")
     r.add_argument("--labels", default=LABELS)
     r.add_argument("--bin", default="target/release/rlreplay")
-    r.add_argument("--modes", default="maxrl,default")
+    r.add_argument("--modes", default="maxrl,default,intent")
     r.add_argument("--show", type=int, default=0)
     args = ap.parse_args()
     {"grade": cmd_grade, "report": cmd_report}[args.cmd](args)

@@ -37,6 +37,8 @@ fn main() -> Result<(), String> {
     let key = match mode {
         Mode::Default => "default",
         Mode::Maxrl => "maxrl",
+        // The intent mode is measured against the human labels.
+        Mode::Intent => "label",
     };
     for (i, line) in text.lines().enumerate() {
         let v: serde_json::Value =

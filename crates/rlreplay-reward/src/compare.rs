@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use num_rational::BigRational;
 use num_traits::{One, Zero};
 
-use crate::expr::{Budget, Complex, Expr, RelOp, Stop, MAX_TREE_DEPTH};
+use crate::expr::{Budget, Complex, Expr, RelOp, SetOp, Stop, MAX_TREE_DEPTH};
 use crate::latex::only_symbols;
 use crate::sets;
 
@@ -134,9 +134,10 @@ fn is_set(e: &Expr) -> bool {
     )
 }
 
-/// `x < 3` as `(-oo, 3)`, `x = 5` as `{5}`, `1 < x \le 2` as `(1, 2]`, for one variable (a symbol,
+/// `x < 3` as `(-oo, 3)`, `x = 5` as `{5}`, `1 < x \le 2` as `(1, 2]`, `x \neq 2` as
+/// `(-oo, 2) \cup (2, oo)`, for one variable (a symbol,
 /// or a function application such as `f(x)`, which the parser reads as a product of symbols).
-fn relation_as_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
+pub(crate) fn relation_as_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
     let rels: Vec<&Expr> = match e {
         Expr::And(v) => v.iter().collect(),
         r => vec![r],
@@ -150,6 +151,7 @@ fn relation_as_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
     let mut lo = (Expr::negate(Expr::Inf), true);
     let mut hi = (Expr::Inf, true);
     let mut point = None;
+    let n = rels.len();
     for r in rels {
         let Expr::Rel(op, l, rr) = r else {
             return Ok(None);
@@ -170,6 +172,16 @@ fn relation_as_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
             RelOp::Gt => lo = (bound, true),
             RelOp::Ge => lo = (bound, false),
             RelOp::Eq => point = Some(bound),
+            // `x \neq a` alone is `(-oo, a) \cup (a, oo)`, as sympy's `as_set()` gives it.
+            RelOp::Ne if n == 1 => {
+                let below = Expr::Interval(Box::new(lo.0), Box::new(bound.clone()), true, true);
+                let above = Expr::Interval(Box::new(bound), Box::new(hi.0), true, true);
+                return Ok(Some(Expr::SetOp(
+                    SetOp::Union,
+                    Box::new(below),
+                    Box::new(above),
+                )));
+            }
             RelOp::Ne => return Ok(None),
         }
     }

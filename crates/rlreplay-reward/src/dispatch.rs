@@ -25,8 +25,9 @@ impl std::str::FromStr for RewardKind {
             "mcq" => Ok(RewardKind::Mcq),
             "math" | "maxrl" => Ok(RewardKind::Math(Mode::Maxrl)),
             "math-default" | "default" => Ok(RewardKind::Math(Mode::Default)),
+            "math-intent" | "intent" => Ok(RewardKind::Math(Mode::Intent)),
             other => Err(format!(
-                "unknown reward kind `{other}` (expected math, maxrl, math-default or mcq)"
+                "unknown reward kind `{other}` (expected math, maxrl, math-default, math-intent or mcq)"
             )),
         }
     }
@@ -83,14 +84,20 @@ impl RewardDispatch {
         self
     }
 
-    /// Adds rules from a `source=kind,source=kind` string (kinds: math, maxrl, math-default, mcq).
+    /// Adds rules from a `source=kind,source=kind` string (kinds: math, maxrl, math-default,
+    /// math-intent, mcq); the source `*` sets the kind of every source without a rule.
     pub fn with_rules_str(mut self, spec: &str) -> Result<Self, String> {
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (src, kind) = item
                 .split_once('=')
                 .ok_or_else(|| format!("reward rule `{item}` is not of the form source=kind"))?;
-            self.rules
-                .insert(src.trim().to_string(), kind.trim().parse()?);
+            let kind = kind.trim().parse()?;
+            match src.trim() {
+                "*" => self.fallback = kind,
+                src => {
+                    self.rules.insert(src.to_string(), kind);
+                }
+            }
         }
         Ok(self)
     }
@@ -160,5 +167,19 @@ mod tests {
         let d = d.with_rules_str("polaris=mcq").unwrap();
         assert_eq!(d.kind("polaris"), RewardKind::Mcq);
         assert!(RewardDispatch::default().with_rules_str("x=nope").is_err());
+        let d = RewardDispatch::default()
+            .with_rules_str("math500=math-intent")
+            .unwrap();
+        assert_eq!(d.kind("math500"), RewardKind::Math(Mode::Intent));
+        assert_eq!(
+            d.score("math500", "4", "$\\boxed{\\text{four}}$").reward,
+            1.0
+        );
+        assert_eq!(d.score("gsm8k", "4", "$\\boxed{\\text{four}}$").reward, 0.0);
+        let d = RewardDispatch::default()
+            .with_rules_str("*=intent")
+            .unwrap();
+        assert_eq!(d.kind("gsm8k"), RewardKind::Math(Mode::Intent));
+        assert_eq!(d.kind("mmlu"), RewardKind::Mcq);
     }
 }

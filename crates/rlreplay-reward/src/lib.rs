@@ -13,6 +13,7 @@ mod compare;
 mod dispatch;
 pub mod expr;
 pub mod extract;
+mod intent;
 pub mod latex;
 mod mcq;
 pub mod normalize;
@@ -38,6 +39,10 @@ pub enum Mode {
     Maxrl,
     /// math-verify's library defaults: both sides extracted as LaTeX, then as expressions.
     Default,
+    /// The MaxRL reward plus the rules of a careful human grader where math-verify's verdict is
+    /// wrong (other forms of equal values, retracted boxes, truncated reasoning, factorisations);
+    /// see `docs/EVAL.md`.
+    Intent,
 }
 
 impl std::str::FromStr for Mode {
@@ -47,8 +52,9 @@ impl std::str::FromStr for Mode {
         match s {
             "maxrl" => Ok(Mode::Maxrl),
             "default" => Ok(Mode::Default),
+            "intent" => Ok(Mode::Intent),
             other => Err(format!(
-                "unknown verifier mode `{other}` (expected maxrl or default)"
+                "unknown verifier mode `{other}` (expected maxrl, default or intent)"
             )),
         }
     }
@@ -155,6 +161,7 @@ fn run(gold: &str, pred: &str, mode: Mode, b: &Budget) -> Result<(bool, bool), S
             extract(gold, &[Target::Latex, Target::Expr], b)?,
             extract(pred, &[Target::Latex, Target::Expr], b)?,
         ),
+        Mode::Intent => return intent::run(gold, pred, b),
     };
     if golds.is_empty() {
         return Ok((false, true));

@@ -359,6 +359,17 @@ fn solve_abs(
 /// linear in it or compares `|a·x + c|` with a constant: an interval, a union of intervals, or
 /// `\emptyset`. `None` for anything else (other shapes keep their own handling).
 pub(crate) fn solution_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
+    solve(e, false, b)
+}
+
+/// The solution set of a relation or chain of relations in one symbol, every relation linear in
+/// it or comparing `|a·x + c|` with a constant, plain bounds included (the `intent` mode reads
+/// `-1 < x < 3` against `|x-1| < 2` this way).
+pub(crate) fn real_solution_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
+    solve(e, true, b)
+}
+
+fn solve(e: &Expr, plain: bool, b: &Budget) -> Result<Option<Expr>, Stop> {
     let rels: Vec<&Expr> = match e {
         Expr::And(v) => v.iter().collect(),
         r => vec![r],
@@ -410,7 +421,7 @@ pub(crate) fn solution_set(e: &Expr, b: &Budget) -> Result<Option<Expr>, Stop> {
         var = Some(x);
         acc = intersect(&acc, &part);
     }
-    if !any_abs {
+    if !any_abs && !plain {
         // Plain bounds on a variable keep their original ends (see `relation_as_set`).
         return Ok(None);
     }

@@ -30,7 +30,7 @@ fn limits() -> Limits {
 
 fn both_sides(chain: String) -> Vec<(Mode, Verdict, Verdict)> {
     on_small_stack(move || {
-        [Mode::Maxrl, Mode::Default]
+        [Mode::Maxrl, Mode::Default, Mode::Intent]
             .into_iter()
             .map(|mode| {
                 let as_pred = verify("6", &format!("so \\boxed{{{chain}}}"), mode, &limits());

@@ -91,7 +91,7 @@ proptest! {
     #[test]
     fn never_panics(gold in latexish(), pred in latexish(), noise in "\\PC{0,30}") {
         let limits = Limits { time: Duration::from_millis(200), ..Limits::default() };
-        for mode in [Mode::Maxrl, Mode::Default] {
+        for mode in [Mode::Maxrl, Mode::Default, Mode::Intent] {
             let start = Instant::now();
             let v = verify(&gold, &format!("{pred}{noise}"), mode, &limits);
             // The deadline is checked inside every loop: allow scheduling slack only.
@@ -141,7 +141,7 @@ fn fuzz_findings_finish_before_the_limit() {
         (r"\begin{pmatrix}3.\end{pmatrix}", r"\boxed{x}"),
     ];
     for (gold, pred) in cases {
-        for mode in [Mode::Maxrl, Mode::Default] {
+        for mode in [Mode::Maxrl, Mode::Default, Mode::Intent] {
             let v = verify(gold, pred, mode, &limits);
             assert!(!v.timed_out, "{mode:?} {gold:?} {pred:?}");
         }

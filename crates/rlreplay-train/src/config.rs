@@ -651,7 +651,8 @@ impl Default for BatchSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardSection {
-    /// Extra `source=kind` rules (kinds: math, maxrl, math-default, mcq).
+    /// Extra `source=kind` rules (kinds: math, maxrl, math-default, math-intent, mcq; `*=kind`
+    /// for every source without a rule).
     pub rules: String,
     /// Time limit of one verification in seconds; a timeout scores 0 and is counted.
     pub timeout_s: f64,

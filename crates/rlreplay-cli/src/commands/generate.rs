@@ -49,9 +49,9 @@ pub struct SamplingArgs {
     /// Device: cpu, cuda or cuda:N (CUDA needs a binary built with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Reward rules `source=kind,...` added to the defaults (kinds: math, maxrl, math-default, mcq;
-    /// sciknoweval, mmlu, sciq, arc_challenge and openbookqa are mcq, every other source the
-    /// MaxRL math reward).
+    /// Reward rules `source=kind,...` added to the defaults (kinds: math, maxrl, math-default,
+    /// math-intent, mcq; sciknoweval, mmlu, sciq, arc_challenge and openbookqa are mcq, every
+    /// other source the MaxRL math reward; `*=kind` changes that fallback).
     #[arg(long, default_value = "")]
     pub reward_rules: String,
 }

@@ -15,7 +15,8 @@ pub struct Args {
     #[arg(long)]
     input: PathBuf,
     /// Reward configuration: `maxrl` (gold boxed and read as LaTeX, prediction as expression then
-    /// LaTeX) or `default` (math-verify's library defaults).
+    /// LaTeX), `default` (math-verify's library defaults) or `intent` (maxrl plus the rules of a
+    /// careful human grader).
     #[arg(long, default_value = "maxrl")]
     mode: Mode,
     /// Time limit per answer, in milliseconds.
