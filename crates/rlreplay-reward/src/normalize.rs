@@ -6,6 +6,8 @@ use std::sync::LazyLock;
 use fancy_regex::Regex as FRegex;
 use regex::Regex;
 
+use crate::expr::{Budget, Stop};
+
 /// How `\boxed{}` contents are extracted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BoxedMode {
@@ -194,9 +196,34 @@ fn to_remove_starts(c: char) -> bool {
     matches!(c, '\\' | '$' | '"' | '\'')
 }
 
-/// Where a match of [`TO_REPLACE_RE`] can start (the first characters of its alternatives).
-fn to_replace_starts(c: char) -> bool {
-    matches!(c, '\\' | '{' | '~' | ',' | 'a' | 'o' | 'i' | 'p') || c.is_whitespace()
+/// Where a match of [`TO_REPLACE_RE`] can start at byte `i` (the character `c`): what each of
+/// its alternatives needs at its first characters (white space, an optional comma and more
+/// white space before a word, `{`, a command).
+fn to_replace_starts(text: &str, i: usize, c: char) -> bool {
+    let rest = &text[i + c.len_utf8()..];
+    let word = |s: &str| {
+        let s = s.trim_start();
+        s.starts_with("and")
+            || s.starts_with("or")
+            || s.starts_with('\\')
+            || s.starts_with('{')
+            || s.starts_with('p')
+    };
+    match c {
+        '\\' => {
+            rest.starts_with(['m', 't', 'd', 'c', 'l']) || rest.starts_with(char::is_whitespace)
+        }
+        '{' => rest.trim_start().starts_with(',') || rest.starts_with('.'),
+        '~' => rest.starts_with('='),
+        ',' => word(rest) || rest.trim_start().starts_with("\\text"),
+        'a' => rest.starts_with("nd"),
+        'o' => rest.starts_with('r'),
+        'i' => rest.starts_with("nf"),
+        'p' => rest.starts_with("ercent") || rest.starts_with("ct"),
+        ' ' if rest.starts_with("sqrt") => true,
+        c if c.is_whitespace() => rest.starts_with('.') || word(rest),
+        _ => false,
+    }
 }
 
 const TO_REPLACE: &[(&str, &str, &str)] = &[
@@ -241,15 +268,24 @@ static UNIT_SUPERSCRIPT: LazyLock<Regex> =
     LazyLock::new(|| re(r"(\\(?:text|mbox)\{.*?\})(\^\d|\{\^\d\})?$"));
 static VALID_SEPARATOR: LazyLock<Regex> = LazyLock::new(|| re(r"\b(and|or)\b|,|;"));
 
-static MALFORMED: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
+/// The malformed-operator rewrites, each with text its matches contain.
+static MALFORMED: LazyLock<Vec<(Regex, &'static str, &'static str)>> = LazyLock::new(|| {
     vec![
-        (re(r"\^\s?\((.*?)\)"), r"^{${1}}"),
-        (re(r"sqrt\s?\((.*?)\)"), r"\sqrt{${1}}"),
-        (re(r"\\frac\s?(\d)\s?(\d+)"), r"\frac{${1}}{${2}}"),
-        (re(r"\\log_\s?(\d)\s?(\d+)"), r"\log_{${1}}{${2}}"),
-        (re(r"\\frac\s?\{(.*?)\}\s?(\d)"), r"\frac{${1}}{${2}}"),
-        (re(r"\\frac\s?(\d)\s?\{(.*?)\}"), r"\frac{${1}}{${2}}"),
-        (re(r"\\sqrt\s?(\d)"), r"\sqrt{${1}}"),
+        (re(r"\^\s?\((.*?)\)"), "^", r"^{${1}}"),
+        (re(r"sqrt\s?\((.*?)\)"), "sqrt", r"\sqrt{${1}}"),
+        (re(r"\\frac\s?(\d)\s?(\d+)"), "\\frac", r"\frac{${1}}{${2}}"),
+        (re(r"\\log_\s?(\d)\s?(\d+)"), "\\log_", r"\log_{${1}}{${2}}"),
+        (
+            re(r"\\frac\s?\{(.*?)\}\s?(\d)"),
+            "\\frac",
+            r"\frac{${1}}{${2}}",
+        ),
+        (
+            re(r"\\frac\s?(\d)\s?\{(.*?)\}"),
+            "\\frac",
+            r"\frac{${1}}{${2}}",
+        ),
+        (re(r"\\sqrt\s?(\d)"), "\\sqrt", r"\sqrt{${1}}"),
     ]
 });
 
@@ -267,6 +303,43 @@ pub(crate) fn compile_regexes() {
     LazyLock::force(&MALFORMED);
 }
 
+/// The matches of `re` (a regex that starts with `\G`) tried at each position where `start`
+/// holds, left to right and non-overlapping: where `start` holds wherever a match can start,
+/// the matches of a plain scan (`captures_iter`) of the regex without `\G`. Also whether the
+/// regex gave up (backtracking limit); the matches before that are kept. With a budget, its
+/// deadline is checked at each position tried.
+fn anchored_matches<'t>(
+    re: &FRegex,
+    text: &'t str,
+    budget: Option<&Budget>,
+    mut start: impl FnMut(usize, char) -> bool,
+) -> Result<(Vec<fancy_regex::Captures<'t>>, bool), Stop> {
+    let mut out = Vec::new();
+    let mut next = 0;
+    for (i, c) in text.char_indices() {
+        if i < next || !start(i, c) {
+            continue;
+        }
+        if let Some(b) = budget {
+            b.check()?;
+        }
+        match re.captures_from_pos(text, i) {
+            Ok(Some(caps)) => {
+                let m = caps.get(0).expect("group 0");
+                next = if m.end() > m.start() {
+                    m.end()
+                } else {
+                    i + c.len_utf8()
+                };
+                out.push(caps);
+            }
+            Ok(None) => {}
+            Err(_) => return Ok((out, true)),
+        }
+    }
+    Ok((out, false))
+}
+
 /// Replaces every match of a lookaround regex (anchored by `\G`, tried where `start` holds: at
 /// least wherever a match can start) by the result of `f`; the text unchanged when the regex
 /// gives up.
@@ -276,7 +349,7 @@ fn fancy_replace_all(
     start: impl FnMut(usize, char) -> bool,
     mut f: impl FnMut(&fancy_regex::Captures) -> String,
 ) -> String {
-    let Ok((found, false)) = crate::extract::anchored_matches(re, text, None, start) else {
+    let Ok((found, false)) = anchored_matches(re, text, None, start) else {
         return text.to_string();
     };
     if found.is_empty() {
@@ -448,21 +521,41 @@ fn fix_sqrt(text: &str) -> String {
     out
 }
 
+/// `text` with `from` replaced by `to`, without a copy when it does not occur.
+fn replace_str(text: &mut String, from: &str, to: &str) {
+    if text.contains(from) {
+        *text = text.replace(from, to);
+    }
+}
+
+/// `text` with every match of `re` replaced, without a copy when there is none; not run on a
+/// text without `literal`, which every match contains.
+fn replace_re(text: &mut String, re: &Regex, literal: &str, rep: &str) {
+    if text.contains(literal) {
+        if let std::borrow::Cow::Owned(s) = re.replace_all(text, rep) {
+            *text = s;
+        }
+    }
+}
+
 /// Normalises a LaTeX answer with math-verify's default extraction settings (basic LaTeX, units,
 /// nits and malformed operators on; `boxed` as given).
 pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
     let mut text = extract_boxed_content(text, boxed);
     // basic latex
-    text = text.replace(r"\mathrm{T}", "T");
-    text = text.replace(r"\mathrm{d}", "d").replace(r"{\rm d}", "d");
-    text = text
-        .replace(r"\left[\begin{matrix}", r"\begin{bmatrix}")
-        .replace(r"\end{matrix}\right]", r"\end{bmatrix}");
-    text = R_LEFT.replace_all(&text, "${1}").into_owned();
-    text = R_RIGHT.replace_all(&text, "${1}").into_owned();
-    text = PERMUTATION
-        .replace_all(&text, r"\frac{(${1})!}{((${1})-(${2}))!}")
-        .into_owned();
+    replace_str(&mut text, r"\mathrm{T}", "T");
+    replace_str(&mut text, r"\mathrm{d}", "d");
+    replace_str(&mut text, r"{\rm d}", "d");
+    replace_str(&mut text, r"\left[\begin{matrix}", r"\begin{bmatrix}");
+    replace_str(&mut text, r"\end{matrix}\right]", r"\end{bmatrix}");
+    replace_re(&mut text, &R_LEFT, "left", "${1}");
+    replace_re(&mut text, &R_RIGHT, "right", "${1}");
+    replace_re(
+        &mut text,
+        &PERMUTATION,
+        ")_{",
+        r"\frac{(${1})!}{((${1})-(${2}))!}",
+    );
     text = fancy_replace_all(
         &TO_REMOVE,
         &text,
@@ -472,7 +565,7 @@ pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
     text = fancy_replace_all(
         &TO_REPLACE_RE,
         &text,
-        |_, c| to_replace_starts(c),
+        |i, c| to_replace_starts(&text, i, c),
         |caps| {
             TO_REPLACE
                 .iter()
@@ -481,7 +574,9 @@ pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
                 .unwrap_or_default()
         },
     );
-    text = text.replace(['\n', '\t'], " ");
+    if text.contains(['\n', '\t']) {
+        text = text.replace(['\n', '\t'], " ");
+    }
     if !text.contains("matrix") {
         let bytes = text.as_bytes().to_vec();
         let slash_pair = |i: usize, _| bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'\\');
@@ -506,10 +601,10 @@ pub fn normalize_latex(text: &str, boxed: BoxedMode) -> String {
         text = "\\frac{1}{2}".to_string();
     }
     // malformed operators
-    for (re, rep) in MALFORMED.iter() {
-        text = re.replace_all(&text, *rep).into_owned();
+    for (re, literal, rep) in MALFORMED.iter() {
+        replace_re(&mut text, re, literal, rep);
     }
-    text = text.replace(" sqrt", "\\sqrt");
+    replace_str(&mut text, " sqrt", "\\sqrt");
     text = fix_sqrt(&text);
     text = fix_fracs(&text);
     fix_a_slash_b(&text)
@@ -526,6 +621,9 @@ mod tests {
         let mut texts = vec![
             r#"a \\b \$ $ "x" 'y' \!  \text { } ,and or, {.5} .5 ~= \ldots infinity inf pct"#
                 .to_string(),
+            r" sqrt2 , \text{ or } { , } ,\ldots \dfrac12 \mathrm{x} \textbf{y} 5 percentage, 3\
+            pct\ \cfrac ,  and\tor\u{a0}and x\u{3000}{.5}\~"
+                .to_string(),
         ];
         for file in [
             include_str!("../tests/data/math_verify_real.jsonl"),
@@ -540,19 +638,18 @@ mod tests {
         type Start = fn(&str, usize, char) -> bool;
         let starts: [(&FRegex, Start); 3] = [
             (&TO_REMOVE, |_, _, c| to_remove_starts(c)),
-            (&TO_REPLACE_RE, |_, _, c| to_replace_starts(c)),
+            (&TO_REPLACE_RE, to_replace_starts),
             (&COMMAND_SLASH_FIX, |t, i, _| t[i..].starts_with("\\\\")),
         ];
         for (re, start) in starts {
             let plain = fre(&re.as_str()[5..re.as_str().len() - 1]);
             for t in &texts {
-                let fast: Vec<_> =
-                    crate::extract::anchored_matches(re, t, None, |i, c| start(t, i, c))
-                        .unwrap()
-                        .0
-                        .iter()
-                        .map(|c| (c.get(0).unwrap().range(), c.len()))
-                        .collect();
+                let fast: Vec<_> = anchored_matches(re, t, None, |i, c| start(t, i, c))
+                    .unwrap()
+                    .0
+                    .iter()
+                    .map(|c| (c.get(0).unwrap().range(), c.len()))
+                    .collect();
                 let slow: Vec<_> = plain
                     .captures_iter(t)
                     .map(|c| c.unwrap())
