@@ -250,8 +250,11 @@ static WORD: LazyLock<Regex> =
     LazyLock::new(|| re(r"(\\text\{|\\boxed\{)\s*([A-Za-z]+(?:[- ][a-z]+)?)\s*\}"));
 static REPEATING: LazyLock<Regex> = LazyLock::new(|| re(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}"));
 static CENTS: LazyLock<Regex> = LazyLock::new(|| re(r"\b(\d+)\s*cents?\b"));
-static SCALE: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(\d+(?:\.\d+)?)(\}?\$?)\s*(?:\\text\{\s*)?(thousand|million|billion)\b"));
+static SCALE: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(\d+(?:\.\d+)?)(\}?\$?)\s*(?:\\text\{\s*(thousand|million|billion)\s*\}|(thousand|million|billion)\b)",
+    )
+});
 static DEGREES: LazyLock<Regex> =
     LazyLock::new(|| re(r"(\d+(?:\.\d+)?)\s*(?:\^\s*(?:\{\s*\\circ\s*\}|\\circ)|°|\\degree)"));
 static BASE: LazyLock<Regex> = LazyLock::new(|| re(r"\b([0-9A-Za-z]+)_(?:\{(\d{1,2})\}|(\d))"));
@@ -282,7 +285,8 @@ fn rewrite(text: &str, degrees: bool, bases: bool) -> String {
         .into_owned();
     s = SCALE
         .replace_all(&s, |c: &Captures| {
-            let zeros = match &c[3] {
+            let word = c.get(3).or(c.get(4)).map_or("", |m| m.as_str());
+            let zeros = match word {
                 "thousand" => 3,
                 "million" => 6,
                 _ => 9,
@@ -474,7 +478,7 @@ fn intent_eq(gold: &Expr, pred: &Expr, b: &Budget) -> Result<bool, Stop> {
     }
     // A relation against the set it describes, on either side.
     let (gr, pr) = (is_relation(gold), is_relation(pred));
-    if gr != pr || (gr && pr) {
+    if gr || pr {
         let g = if gr {
             relation_set(gold, b)?
         } else {
@@ -596,6 +600,14 @@ mod tests {
         assert_eq!(repeating("1", "2", "34"), Some((1222, 990)));
         assert_eq!(shift("70", 3), "70000");
         assert_eq!(shift("1.5", 6), "1500000");
+        assert_eq!(
+            rewrite(
+                "$\\boxed{2.5}$ million, $3 \\text{ thousand}$",
+                false,
+                false
+            ),
+            "$\\boxed{2500000}$, $3000$"
+        );
         assert_eq!(rewrite("is 117 cents.", false, false), "is 1.17.");
         assert_eq!(
             rewrite("$\\boxed{60^\\circ}$", true, false),
