@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the `rlreplay` binary with the `cuda` feature on a machine without a CUDA installation:
-# installs nvcc and the CUDA headers from PyPI into .venv/cuda, then runs
-# `cargo build --release --features cuda` at the workspace root in its own target dir
+# Builds the `rlreplay` binary with the `cuda` and `nccl` features on a machine without a CUDA
+# installation: installs nvcc and the CUDA headers from PyPI into .venv/cuda, then runs
+# `cargo build --release -p rlreplay-cli --features cuda,nccl` in its own target dir
 # (target/cuda), so the normal build stays valid. The binary is target/cuda/release/rlreplay.
 #
 # candle links the CUDA libraries by name (cudarc's `dynamic-linking`). The runtime (cudart) comes
@@ -11,8 +11,8 @@
 # are not needed to build. At run time the real libraries are loaded by those names: the driver's,
 # and those of a CUDA 13 installation (scripts/gpu-check.sh finds PyTorch's).
 #
-# Then builds rlreplay-dist with `--features nccl` (and `mpi` where an MPI library is installed);
-# libnccl is loaded at run time.
+# The binary is built with `--features cuda,nccl` (and `mpi` where an MPI library is installed):
+# data-parallel training with NCCL between the GPUs; libnccl is loaded at run time.
 #
 # Usage: scripts/check-cuda-build.sh [extra cargo args]
 # Environment: CUDA_COMPUTE_CAP (default 90, H100/H200), CARGO_TARGET_DIR (default target/cuda).
@@ -39,7 +39,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/cuda}"
 nvcc --version | tail -2
 cd "$root"
 start=$(date +%s)
-cargo build --release --features cuda --lib "$@"
+# Every library the binary links, CUDA and NCCL included, for the stubs below.
+cargo build --release --lib -p rlreplay-train --features nccl "$@"
 
 # Link stubs: every driver/cuBLAS/cuRAND/NVRTC function the compiled crates reference, by library.
 stubs="$CARGO_TARGET_DIR/cuda-stubs"
@@ -59,10 +60,8 @@ for lib in cuda:1 cublas:13 cublasLt:13 curand:10 nvrtc:13 nccl:2; do
     cc -shared -fPIC -o "$stubs/lib$name.so" -Wl,-soname,"lib$name.so.$major" "$stubs/$name.c"
 done
 export LIBRARY_PATH="$stubs:$LIBRARY_PATH"
-cargo build --release --features cuda "$@"
+features=cuda,nccl
+command -v mpicc >/dev/null && features=cuda,nccl,mpi
+cargo build --release -p rlreplay-cli --features "$features" "$@"
 readelf -d "$CARGO_TARGET_DIR/release/rlreplay" | awk '/NEEDED/ {print "  needs", $NF}'
-echo "rlreplay builds with --features cuda (CUDA $cuda_version, sm_$CUDA_COMPUTE_CAP) in $(($(date +%s) - start)) s"
-dist_features=nccl
-command -v mpicc >/dev/null && dist_features=nccl,mpi
-cargo build -p rlreplay-dist --features "$dist_features" --release "$@"
-echo "rlreplay-dist builds with --features $dist_features"
+echo "rlreplay builds with --features $features (CUDA $cuda_version, sm_$CUDA_COMPUTE_CAP) in $(($(date +%s) - start)) s"

@@ -557,3 +557,27 @@ fn a_full_disk_during_a_checkpoint_keeps_the_last_one_and_resumes_identically() 
     let w = |r: &Path| std::fs::read(ckpt(r, 4).join("model.safetensors")).unwrap();
     assert_eq!(w(&full), w(&part));
 }
+
+/// A build without MPI started as one of several ranks refuses to run: never independent runs
+/// writing one directory.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_launched_rank_without_mpi_support_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 1);
+    let out = tmp.path().join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(["replay", "--config", &cfg, "--out", &out.to_string_lossy()])
+        .env("OMPI_COMM_WORLD_RANK", "1")
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("rank 1 of 2, but this build has no MPI support"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

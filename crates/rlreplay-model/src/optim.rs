@@ -102,14 +102,21 @@ impl AdamW {
     /// `max_grad_norm` (torch's `clip_grad_norm_`: scale by `max/(norm + 1e-6)` when below 1),
     /// applies AdamW, and clears the gradients in every case.
     pub fn step(&mut self, model: &mut dyn CausalLm, lr: f64) -> Result<StepReport> {
-        if model.params().len() != self.state.len() {
-            return Err(Error::Input(format!(
-                "optimizer built for {} parameters, model has {}",
-                self.state.len(),
-                model.params().len()
-            )));
-        }
+        self.check(model)?;
         let grad_norm = model.grad_norm()?;
+        self.step_with_norm(model, lr, grad_norm)
+    }
+
+    /// [`AdamW::step`] with the global gradient norm given (ZeRO-1: each rank holds the
+    /// gradients, and updates the parameters, of its own shard only; the norm covers every
+    /// shard). Parameters without a gradient are left untouched.
+    pub fn step_with_norm(
+        &mut self,
+        model: &mut dyn CausalLm,
+        lr: f64,
+        grad_norm: f64,
+    ) -> Result<StepReport> {
+        self.check(model)?;
         if !grad_norm.is_finite() {
             model.zero_grad();
             return Ok(StepReport {
@@ -160,6 +167,37 @@ impl AdamW {
             skipped: false,
             lr,
         })
+    }
+
+    fn check(&self, model: &dyn CausalLm) -> Result<()> {
+        if model.params().len() != self.state.len() {
+            return Err(Error::Input(format!(
+                "optimizer built for {} parameters, model has {}",
+                self.state.len(),
+                model.params().len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The moments of parameter `i` (its update count, first and second moment); `None` before
+    /// its first update.
+    pub fn moments(&self, i: usize) -> Option<(u64, &Tensor, &Tensor)> {
+        self.state
+            .get(i)?
+            .as_ref()
+            .map(|m| (m.step, &m.exp_avg, &m.exp_avg_sq))
+    }
+
+    /// Replaces the moments of parameter `i` (`None` drops them: ZeRO-1 keeps only its shard's).
+    pub fn set_moments(&mut self, i: usize, moments: Option<(u64, Tensor, Tensor)>) {
+        if let Some(slot) = self.state.get_mut(i) {
+            *slot = moments.map(|(step, exp_avg, exp_avg_sq)| Moments {
+                step,
+                exp_avg,
+                exp_avg_sq,
+            });
+        }
     }
 
     /// Writes the optimizer state (moments bit-exact, step counts, hyper-parameters) to a

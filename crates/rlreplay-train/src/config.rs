@@ -571,6 +571,11 @@ pub struct OptimSection {
     pub lr_warmup_steps: u64,
     /// Final rate of the cosine schedule as a fraction of `lr`.
     pub min_lr_ratio: f64,
+    /// ZeRO-1 on several data-parallel ranks: each rank keeps the AdamW moments of its share of
+    /// the parameters (whole tensors), gradients are reduce-scattered and the updated
+    /// parameters all-gathered. The same weights as without it; checkpoints hold the whole
+    /// state either way.
+    pub shard_optimizer_state: bool,
 }
 
 impl OptimSection {
@@ -614,6 +619,7 @@ impl Default for OptimSection {
             lr_schedule: LrScheduleKind::Constant,
             lr_warmup_steps: 0,
             min_lr_ratio: 0.0,
+            shard_optimizer_state: false,
         }
     }
 }
@@ -705,6 +711,9 @@ pub struct TrainerSection {
     /// Where each step's metrics go: `console` (a line per step on standard error), `jsonl`
     /// (`RUN_DIR/metrics.jsonl`), `tensorboard` (event files under `RUN_DIR/tensorboard/`).
     pub loggers: Vec<Logger>,
+    /// With several data-parallel ranks: seconds a collective waits for the other ranks before
+    /// the job is ended with a report naming the ranks that did not arrive.
+    pub collective_timeout_s: u64,
 }
 
 /// A destination of the per-step metrics (`[trainer] loggers`).
@@ -731,6 +740,7 @@ impl Default for TrainerSection {
             force_threads: false,
             dir: None,
             loggers: vec![Logger::Console, Logger::Jsonl],
+            collective_timeout_s: rlreplay_dist::DEFAULT_TIMEOUT.as_secs(),
         }
     }
 }
@@ -759,7 +769,8 @@ pub const MOVED: &[(&str, &str)] = &[
 ];
 
 /// What may differ between the configuration a run started with and the one it resumes with.
-pub const MAY_CHANGE_ON_RESUME: &str = "[trainer] save_freq, keep, dir, loggers";
+pub const MAY_CHANGE_ON_RESUME: &str =
+    "[trainer] save_freq, keep, dir, loggers, collective_timeout_s; [optim] shard_optimizer_state";
 
 impl Config {
     /// Reads a configuration file for a `source` front and applies `section.key=value`
@@ -1082,6 +1093,8 @@ impl Config {
         c.trainer.keep = 0;
         c.trainer.dir = None;
         c.trainer.loggers.clear();
+        c.trainer.collective_timeout_s = 0;
+        c.optim.shard_optimizer_state = false;
         c
     }
 }

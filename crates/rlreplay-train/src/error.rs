@@ -363,6 +363,17 @@ pub enum Error {
     /// A collective of the distributed layer that failed.
     #[error(transparent)]
     Dist(#[from] rlreplay_dist::DistError),
+    /// Something the data-parallel ranks cannot do or do not agree on.
+    #[error("{0}")]
+    Ranks(String),
+    /// A collective of the update that failed (`what` says which).
+    #[error("{what}")]
+    Collective {
+        /// The collective.
+        what: &'static str,
+        /// The distributed layer's error.
+        source: rlreplay_dist::DistError,
+    },
 }
 
 impl From<rlreplay_eval::Error> for Error {

@@ -7,6 +7,8 @@
 //! - [`source`]: the rollout-source trait and its logged and online sources.
 //! - [`config`]: the one configuration of both fronts.
 //! - [`update`]: one policy update on a batch of rollouts.
+//! - [`dist`]: data-parallel updates on the ranks of `mpirun` / `srun` (the model passes shared
+//!   out, the gradients summed before clipping and AdamW).
 //! - [`context`]: RLSD teacher contexts (`sibling`, `reference`, `sibling+feedback`), templates,
 //!   truncation of over-long teacher prompts, the self-distillation mask.
 //! - [`teacher`]: the trust-region and EMA teachers and their log-probs.
@@ -17,6 +19,7 @@
 
 pub mod config;
 pub mod context;
+pub mod dist;
 pub mod error;
 pub mod plot;
 pub mod prompts;

@@ -740,7 +740,14 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
         .filter(|s| complete.contains(s));
     Ok(pointed
         .or_else(|| complete.last().copied())
-        .map(|s| (s, ckpts.join(format!("global_step_{s}")))))
+        .map(|s| (s, checkpoint_dir(run_dir, s))))
+}
+
+/// The directory of checkpoint `step` of a run.
+pub fn checkpoint_dir(run_dir: &Path, step: u64) -> PathBuf {
+    run_dir
+        .join("checkpoints")
+        .join(format!("global_step_{step}"))
 }
 
 /// Keeps the lines of `path` whose step (as extracted by `step_of`) is at most `max_step`, plus

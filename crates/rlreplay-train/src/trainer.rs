@@ -10,18 +10,21 @@
 //! is bit-identical to an uninterrupted one.
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rlreplay_data::resolve_hub_path;
+use rlreplay_dist::{Collective, SingleProcess};
 use rlreplay_model::{AdamW, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Logger, Task};
 use crate::context::rollout_teacher_prompts;
+use crate::dist::{self, DataParallel};
 use crate::error::{Error, Result};
 use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
@@ -115,11 +118,23 @@ pub struct TrainerState {
     pub source: serde_json::Value,
 }
 
-/// Runs (or resumes) a training run on `opts.config.trainer.threads` worker threads.
+/// Runs (or resumes) a training run on `opts.config.trainer.threads` worker threads, as one rank
+/// of a data-parallel job when a launcher (`mpirun`, `srun`) started this process
+/// ([`dist::connect`]). With several ranks, an error on one rank is printed with its rank and
+/// ends the whole job, so that the others do not wait for it.
 pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     let t = &opts.config.trainer;
     with_threads(t.threads, t.force_threads, || {
-        Trainer::new(opts)?.run(opts.stop_after, opts.progress)
+        let comm: Rc<dyn Collective> = dist::connect(&opts.config, &opts.out)?.into();
+        let result = Trainer::on_ranks(opts, comm.clone())
+            .and_then(|mut t| t.run(opts.stop_after, opts.progress));
+        match result {
+            Err(e) if comm.world() > 1 => {
+                eprintln!("rank {}: error: {}", comm.rank(), dist::chain(&e));
+                comm.abort(dist::ERROR_CODE)
+            }
+            r => r,
+        }
     })
 }
 
@@ -222,9 +237,14 @@ pub struct Trainer {
     teacher: Option<(Teacher, Arc<ChatTokenizer>)>,
     validator: Option<Validator>,
     state: TrainerState,
-    run: RunDir,
-    /// The run directory's lock, held for the life of the trainer.
-    _lock: RunLock,
+    /// The run directory, on rank 0 only: the other ranks write nothing.
+    run: Option<RunDir>,
+    /// The run directory's path.
+    out: PathBuf,
+    /// The run directory's lock, held by rank 0 for the life of the trainer.
+    _lock: Option<RunLock>,
+    /// The data-parallel ranks (one process when not started by a launcher).
+    comm: Rc<dyn Collective>,
 }
 
 impl Trainer {
@@ -233,11 +253,27 @@ impl Trainer {
     /// end-of-response ids, the rollout source, the policy and optimizer (fresh or from the latest
     /// checkpoint), the teacher and the validator.
     pub fn new(opts: &RunOptions) -> Result<Self> {
+        Self::on_ranks(opts, Rc::new(SingleProcess::new()))
+    }
+
+    /// [`Trainer::new`] as one of `comm`'s data-parallel ranks: rank 0 alone checks, locks and
+    /// writes the run directory; every rank loads the same initial policy or checkpoint.
+    pub fn on_ranks(opts: &RunOptions, comm: Rc<dyn Collective>) -> Result<Self> {
         let cfg = opts.config.clone();
         cfg.validate()?;
+        if comm.world() > 1 && cfg.source != SourceKind::Logged {
+            return Err(Error::Ranks(format!(
+                "`rlreplay train` runs on one process for now ({} ranks were started): \
+                 data-parallel ranks train `rlreplay replay`",
+                comm.world()
+            )));
+        }
         let out = &opts.out;
-        let lock = RunLock::acquire(out)?;
-        let resume_from = if opts.resume {
+        let root = comm.is_root();
+        let lock = root.then(|| RunLock::acquire(out)).transpose()?;
+        let resume_from = if !root {
+            None
+        } else if opts.resume {
             let kind = cfg.source;
             let parse = |t: &str| Config::parse(t, &[], kind);
             check_resumed_config(
@@ -252,10 +288,18 @@ impl Trainer {
             refuse_existing_run(out)?;
             None
         };
-        std::fs::create_dir_all(out).map_err(Error::io("cannot create run directory", out))?;
-        let device = cfg.model.device()?;
+        let mut model_dir = None;
+        if root {
+            std::fs::create_dir_all(out).map_err(Error::io("cannot create run directory", out))?;
+            model_dir = initial_model_dir(&cfg, out)?;
+        }
+        // The others start once rank 0 has prepared the run directory.
+        let resume_from = dist::resume_point(&*comm, resume_from, out)?;
+        if !root {
+            model_dir = initial_model_dir(&cfg, out)?;
+        }
+        let device = dist::device(&cfg, &*comm)?;
         let dtype = cfg.model.dtype.candle();
-        let model_dir = initial_model_dir(&cfg, out)?;
         let uses_teacher = cfg.uses_teacher();
         let validates = cfg.validation.test_freq > 0 || cfg.validation.val_before_train;
         let wants_chat = cfg.source == SourceKind::Online
@@ -407,14 +451,20 @@ impl Trainer {
             _ => None,
         };
 
-        let run = RunDir::open(out, state.global_step, &cfg.trainer.loggers)?;
-        run.drop_stale_candidate()?;
-        let resolved = cfg.to_toml()?;
-        write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
-        // The table records where each value came from at the start of the run; a resume keeps it.
-        if resume_from.is_none() || !out.join("results/hyperparameters.csv").is_file() {
-            run.write_hyperparameters(&resolved, &opts.provenance)?;
-        }
+        let run = if root {
+            let run = RunDir::open(out, state.global_step, &cfg.trainer.loggers)?;
+            run.drop_stale_candidate()?;
+            let resolved = cfg.to_toml()?;
+            write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
+            // The table records where each value came from at the start of the run; a resume
+            // keeps it.
+            if resume_from.is_none() || !out.join("results/hyperparameters.csv").is_file() {
+                run.write_hyperparameters(&resolved, &opts.provenance)?;
+            }
+            Some(run)
+        } else {
+            None
+        };
         let t = Self {
             cfg,
             source,
@@ -426,10 +476,12 @@ impl Trainer {
             validator,
             state,
             run,
+            out: out.clone(),
             _lock: lock,
+            comm,
         };
-        t.run.log(&format!(
-            "{} at step {} of {}{}",
+        t.log(&format!(
+            "{} at step {} of {}{}{}",
             if resume_from.is_some() {
                 "resumed"
             } else {
@@ -440,9 +492,22 @@ impl Trainer {
             t.validator
                 .as_ref()
                 .map(|v| format!(", {} validation prompts", v.len()))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            dist::describe(&*t.comm),
         ))?;
         Ok(t)
+    }
+
+    /// Appends a line to the run's log (rank 0).
+    fn log(&self, line: &str) -> Result<()> {
+        self.run.as_ref().map_or(Ok(()), |r| r.log(line))
+    }
+
+    /// The run directory, which only rank 0 opens.
+    fn run_dir(&self) -> Result<&RunDir> {
+        self.run
+            .as_ref()
+            .ok_or_else(|| Error::Ranks("only rank 0 writes the run directory".into()))
     }
 
     /// The trainer state.
@@ -459,7 +524,8 @@ impl Trainer {
     pub fn run(&mut self, stop_after: Option<u64>, progress: bool) -> Result<RunSummary> {
         let total = self.total;
         let stop = stop_after.unwrap_or(total).min(total);
-        let bar = if progress {
+        let root = self.comm.is_root();
+        let bar = if progress && root {
             let bar = ProgressBar::new(total);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -473,7 +539,7 @@ impl Trainer {
         } else {
             ProgressBar::hidden()
         };
-        if self.state.global_step == 0 && self.cfg.validation.val_before_train {
+        if self.state.global_step == 0 && self.cfg.validation.val_before_train && root {
             self.validate(0)?;
         }
         let mut last_metrics = Metrics::new();
@@ -485,12 +551,14 @@ impl Trainer {
                 source: Box::new(e),
             })?;
             let freq = self.cfg.validation.test_freq;
-            if freq > 0 && (step.is_multiple_of(freq) || step == total) {
+            if freq > 0 && (step.is_multiple_of(freq) || step == total) && root {
                 if let Some(v) = self.validate(step)? {
                     metrics.extend(v);
                 }
             }
-            self.run.log_step(step, &metrics)?;
+            if let Some(run) = &mut self.run {
+                run.log_step(step, &metrics)?;
+            }
             let get = |k: &str| metrics.get(k).copied().unwrap_or(f64::NAN);
             let line = format!(
                 "step {step}: score {:.4} loss {:.5} grad_norm {:.4}{}",
@@ -502,8 +570,8 @@ impl Trainer {
                     .map(|m| format!(" val mean@{} {m:.4}", self.cfg.validation.val_n))
                     .unwrap_or_default()
             );
-            self.run.log(&line)?;
-            if self.cfg.trainer.loggers.contains(&Logger::Console) {
+            self.log(&line)?;
+            if self.cfg.trainer.loggers.contains(&Logger::Console) && root {
                 if bar.is_hidden() {
                     eprintln!("{line}");
                 } else {
@@ -519,13 +587,18 @@ impl Trainer {
             ));
             let sf = self.cfg.trainer.save_freq;
             if (sf > 0 && step.is_multiple_of(sf)) || step == stop {
-                last_checkpoint = Some(self.save_checkpoint()?);
+                DataParallel::new(&*self.comm)
+                    .sharded(self.cfg.optim.shard_optimizer_state)
+                    .gather_optimizer_state(&self.policy, &mut self.opt)?;
+                if root {
+                    last_checkpoint = Some(self.save_checkpoint()?);
+                }
             }
             last_metrics = metrics;
         }
         bar.finish_and_clear();
         Ok(RunSummary {
-            run_dir: self.run.root().to_path_buf(),
+            run_dir: self.out.clone(),
             global_step: self.state.global_step,
             planned_steps: total,
             skipped_updates: self.state.skipped_updates,
@@ -558,11 +631,11 @@ impl Trainer {
         if self.state.best.is_none_or(|(_, b)| v.mean > b) {
             self.state.best = Some((step, v.mean));
             // The best policy goes to the run root once its step is checkpointed.
-            let cand = self.run.best_candidate();
+            let cand = self.run_dir()?.best_candidate();
             self.policy.save_hf(&cand)?;
             write_atomic(&cand.join("step.txt"), format!("{step}\n").as_bytes())?;
         }
-        self.run.log(&format!(
+        self.log(&format!(
             "validation at step {step}: mean@{k} = {:.4}",
             v.mean
         ))?;
@@ -582,22 +655,24 @@ impl Trainer {
             .map(|(t, _)| t)
             .filter(|t| t.regularization() == TeacherRegularization::Ema)
             .map(Teacher::model);
-        let dir = self.run.save_checkpoint(step, self.cfg.trainer.keep, |d| {
-            self.policy.save_hf(d)?;
-            self.opt.save(d.join(OPTIMIZER_STATE))?;
-            if let Some(t) = ema {
-                t.save_hf(d.join(EMA_TEACHER))?;
-            }
-            write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
-        })?;
-        self.run.publish_policy(&dir, self.state.best)?;
+        let dir = self
+            .run_dir()?
+            .save_checkpoint(step, self.cfg.trainer.keep, |d| {
+                self.policy.save_hf(d)?;
+                self.opt.save(d.join(OPTIMIZER_STATE))?;
+                if let Some(t) = ema {
+                    t.save_hf(d.join(EMA_TEACHER))?;
+                }
+                write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
+            })?;
+        self.run_dir()?.publish_policy(&dir, self.state.best)?;
         let k = self.cfg.validation.val_n;
         let validations = self
             .validator
             .as_ref()
             .map(|_| (k, self.state.validations.as_slice()));
-        self.run.publish_results(validations)?;
-        self.run.log(&format!("checkpoint {}", dir.display()))?;
+        self.run_dir()?.publish_results(validations)?;
+        self.log(&format!("checkpoint {}", dir.display()))?;
         Ok(dir)
     }
 
@@ -676,7 +751,9 @@ impl Trainer {
             lr: self.lr.lr_at(step - 1),
         };
         let t_update = Instant::now();
+        let dp = DataParallel::new(&*self.comm).sharded(cfg.optim.shard_optimizer_state);
         let out = update(
+            &dp,
             &mut self.policy,
             &mut self.opt,
             &algo,
@@ -685,6 +762,8 @@ impl Trainer {
             teacher.as_ref(),
         )?;
         metrics.insert("timing_s/update".into(), t_update.elapsed().as_secs_f64());
+        metrics.extend(dp.take_metrics());
+        dist::reduce_timings(&*self.comm, &mut metrics)?;
         self.state.optimizer_steps += out.applied;
         self.state.skipped_updates += out.skipped;
         let n = batch.len();

@@ -16,8 +16,9 @@ use rlreplay_algo::{
     MetricAccumulator, MicroBatch, Normalizer,
 };
 use rlreplay_data::RolloutBatch;
-use rlreplay_model::{micro_batches, AdamW, Model, SeqPair};
+use rlreplay_model::{AdamW, Model, SeqPair};
 
+use crate::dist::DataParallel;
 use crate::error::Result;
 use crate::rundir::Metrics;
 use crate::teacher::Teacher;
@@ -70,19 +71,16 @@ pub fn packed_logprobs(
     budget: usize,
     temperature: f64,
 ) -> Result<Vec<f64>> {
-    let mut out = Vec::new();
-    for r in micro_batches(pairs, budget) {
-        let lp = model.logprobs(&pairs[r], temperature, false)?;
-        out.extend(lp.logprobs.into_iter().flatten());
-    }
-    Ok(out)
+    DataParallel::default().logprobs(model, pairs, budget, temperature)
 }
 
 /// Runs one update of `policy` on `batch` with `algo` (its `global_step` set by the caller):
 /// `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` groups, one optimizer step each.
 /// With `teacher`, the loss gets teacher log-probs recomputed at every micro-batch under the
 /// current weights, and the EMA teacher follows the policy after an update that applied a step.
+/// The model passes run on `dp`'s ranks ([`crate::dist`]); every rank returns the same outcome.
 pub fn update(
+    dp: &DataParallel<'_>,
     policy: &mut Model,
     opt: &mut AdamW,
     algo: &AlgoConfig,
@@ -117,7 +115,7 @@ pub fn update(
     let old: Option<Vec<f64>> = if algo.bypass_mode {
         Some(rollout.clone())
     } else if algo.rollout_is.is_some() || rs || algo.loss_mode.needs_old_logprobs(updates) {
-        Some(packed_logprobs(policy, &pairs, budget, tau)?)
+        Some(dp.logprobs(policy, &pairs, budget, tau)?)
     } else {
         None
     };
@@ -163,7 +161,7 @@ pub fn update(
                 let t = offsets[r.start]..offsets[r.end];
                 let sub = |xs: &[f64]| -> Vec<f64> { xs[t.clone()].to_vec() };
                 let lp_in = if two_pass {
-                    packed_logprobs(policy, &pairs[r.clone()], budget, tau)?
+                    dp.logprobs(policy, &pairs[r.clone()], budget, tau)?
                 } else {
                     sub(&rollout)
                 };
@@ -211,17 +209,13 @@ pub fn update(
                     finite = false;
                     break;
                 }
-                let mut lp_now = Vec::with_capacity(t.len());
-                for c in micro_batches(&pairs[r.clone()], budget) {
-                    let g0 = offsets[r.start + c.start] - t.start;
-                    let g1 = offsets[r.start + c.end] - t.start;
-                    let lp = policy.forward_backward(
-                        &pairs[r.start + c.start..r.start + c.end],
-                        &out.grad_logprobs[g0..g1],
-                        tau,
-                    )?;
-                    lp_now.extend(lp.into_iter().flatten());
-                }
+                let lp_now = dp.forward_backward(
+                    policy,
+                    &pairs[r.clone()],
+                    &out.grad_logprobs,
+                    budget,
+                    tau,
+                )?;
                 if lp_now.iter().any(|x| !x.is_finite()) {
                     finite = false;
                     break;
@@ -233,7 +227,7 @@ pub fn update(
                 acc.add(&out.metrics, out.valid_tokens as f64);
             }
             if finite {
-                let report = opt.step(policy, lr)?;
+                let report = dp.optimizer_step(policy, opt, lr)?;
                 grad_norms.push(report.grad_norm);
                 if report.skipped {
                     skipped += 1;

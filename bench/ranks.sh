@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Data-parallel replay throughput: `mpirun -np 2 rlreplay replay` with 1 thread per rank against
+# one process with 1 thread, on the tiny Qwen3 shape (vocab 512, hidden 128, 2 layers), the same
+# rows and configuration, interleaved ROUNDS times. Prints each run's tokens/s (mean of
+# perf/throughput over the steps after the first), the ratio, and the share of a 2-rank step spent
+# in the gradient all-reduce and in the log-prob gathers (timing_s/grad_all_reduce,
+# timing_s/logprob_gather over perf/time_per_step).
+#
+#   bench/ranks.sh            (env: ROUNDS=3 STEPS=4 OUT=bench/out/ranks BIN=<rlreplay>)
+# Needs Open MPI (openmpi-bin libopenmpi-dev) and libclang-dev; BIN defaults to a release build
+# with --features mpi.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out/ranks}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-4}
+if [ -z "${BIN:-}" ]; then
+    cargo build --release --quiet -p rlreplay-cli --features mpi
+    BIN=target/release/rlreplay
+fi
+rm -rf "$OUT"
+mkdir -p "$OUT"
+"$BIN" synth --out "$OUT/dataset" --steps "$STEPS" --prompts 16 --group 8 --vocab 512 \
+  --mean-len 192 --max-len 512 --prompt-len 64 --eos 1 --pattern-len 4 --seed 0 >/dev/null
+cat >"$OUT/replay.toml" <<TOML
+[model.random]
+vocab_size = 512
+hidden_size = 128
+intermediate_size = 384
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 32
+tie_word_embeddings = true
+[data]
+path = "$OUT/dataset"
+eos_token_id = 1
+[algorithm]
+adv_estimator = "maxrl"
+loss_mode = "reinforce"
+[optim]
+lr = 1e-5
+[batch]
+ppo_mini_batch_size = 8
+max_tokens_per_micro_batch = 2048
+[trainer]
+threads = 1
+save_freq = 0
+loggers = ["jsonl"]
+TOML
+export CANDLE_NUM_THREADS=1
+for r in $(seq "$ROUNDS"); do
+    "$BIN" replay --config "$OUT/replay.toml" --out "$OUT/one-$r" --quiet >/dev/null
+    mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none \
+        -x CANDLE_NUM_THREADS "$BIN" replay --config "$OUT/replay.toml" --out "$OUT/two-$r" \
+        --quiet >/dev/null
+done
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$OUT" "$ROUNDS" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def steps(run):
+    rows = [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl")]
+    return rows[1:] if len(rows) > 1 else rows
+def mean(rows, key):
+    return statistics.mean(r.get(key) or 0.0 for r in rows)
+ratios = []
+for r in range(1, rounds + 1):
+    one, two = steps(f"one-{r}"), steps(f"two-{r}")
+    a, b = mean(one, "perf/throughput"), mean(two, "perf/throughput")
+    t = mean(two, "perf/time_per_step")
+    ar, ga = mean(two, "timing_s/grad_all_reduce"), mean(two, "timing_s/logprob_gather")
+    ratios.append(b / a)
+    print(f"round {r}: 1 rank {a:,.0f} tokens/s, 2 ranks {b:,.0f} tokens/s, {b / a:.2f}x; "
+          f"2-rank step {t:.3f} s, all-reduce {100 * ar / t:.1f} %, log-prob gathers {100 * ga / t:.1f} %")
+print(f"median ratio {statistics.median(ratios):.2f}x")
+PY

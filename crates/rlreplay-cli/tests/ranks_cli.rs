@@ -1,0 +1,443 @@
+//! `mpirun -np 2 rlreplay replay` against one process: the same weights and metrics (bit for bit
+//! where the gradient sums group the same way, within a tight bound where they do not), uneven
+//! splits, and resuming across rank counts. Needs the `mpi` feature and Open MPI's `mpirun`.
+#![cfg(feature = "mpi")]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use candle_core::{Device, Tensor};
+use rlreplay_data::synth::{write_dataset, SynthConfig};
+use rlreplay_train::rundir::{complete_checkpoints, read_metrics};
+
+/// `rlreplay ARGS` as one process.
+fn single(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `rlreplay ARGS` on `n` MPI ranks.
+fn ranks(n: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &n.to_string(),
+        ])
+        .arg(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A synthetic dataset of `steps` steps and the replay configuration over it; `extra` is
+/// appended to the configuration.
+fn setup(dir: &Path, steps: usize, group: usize, extra: &str) -> PathBuf {
+    let data = dir.join("data");
+    let synth = SynthConfig {
+        steps,
+        prompts: 8,
+        group,
+        vocab: 64,
+        mean_len: 16.0,
+        max_len: 32,
+        prompt_len: 6,
+        eos: 1,
+        pattern_len: 3,
+        seed: 5,
+        ..SynthConfig::default()
+    };
+    write_dataset(&data, &synth, |_| {}).unwrap();
+    let cfg = dir.join("replay.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[model.random]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 8
+
+[data]
+path = "{}"
+eos_token_id = 1
+
+[optim]
+lr = 1e-3
+
+[trainer]
+threads = 1
+save_freq = 1
+keep = 5
+loggers = ["jsonl"]
+{extra}"#,
+            data.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// Replays `cfg` into `dir/one` on one process and into `dir/two` on two ranks.
+fn one_and_two(dir: &Path, cfg: &Path) -> (PathBuf, PathBuf) {
+    let cfg = cfg.to_string_lossy();
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    for (out, n) in [(&one, 1), (&two, 2)] {
+        let args = [
+            "replay",
+            "--config",
+            &cfg,
+            "--out",
+            &out.to_string_lossy(),
+            "--quiet",
+        ];
+        let o = if n == 1 {
+            single(&args)
+        } else {
+            ranks(n, &args)
+        };
+        ok(&o);
+        assert!(String::from_utf8_lossy(&o.stdout).contains("trained 3/3 steps"));
+    }
+    let log = std::fs::read_to_string(two.join("run.log")).unwrap();
+    assert!(
+        log.contains("started at step 0 of 3 on 2 ranks (mpi)"),
+        "{log}"
+    );
+    (one, two)
+}
+
+fn weights(run: &Path, step: u64) -> HashMap<String, Tensor> {
+    let path = run.join(format!("checkpoints/global_step_{step}/model.safetensors"));
+    candle_core::safetensors::load(path, &Device::Cpu).unwrap()
+}
+
+/// The same metrics, and the same weights and optimizer state in every checkpoint of `one`.
+fn same_bits(one: &Path, two: &Path) {
+    assert_eq!(
+        read_metrics(one, false).unwrap(),
+        read_metrics(two, false).unwrap()
+    );
+    let steps = complete_checkpoints(&one.join("checkpoints")).unwrap();
+    assert!(!steps.is_empty());
+    for step in steps {
+        let f = |r: &Path| {
+            std::fs::read(r.join(format!("checkpoints/global_step_{step}/model.safetensors")))
+                .unwrap()
+        };
+        assert_eq!(f(one), f(two), "weights after step {step}");
+        let f = |r: &Path| {
+            std::fs::read(r.join(format!(
+                "checkpoints/global_step_{step}/optimizer.safetensors"
+            )))
+            .unwrap()
+        };
+        assert_eq!(f(one), f(two), "optimizer state after step {step}");
+    }
+}
+
+/// Only rank 0 writes: the run directory holds what one process writes, no more.
+fn same_files(one: &Path, two: &Path) {
+    let list = |r: &Path| {
+        let mut v: Vec<String> = walk(r)
+            .into_iter()
+            .map(|p| p.strip_prefix(r).unwrap().to_string_lossy().into_owned())
+            .filter(|p| !p.starts_with("tensorboard"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(list(one), list(two));
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn maxrl_reinforce_on_two_ranks_is_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Mini-batches of 8 rows (two groups); a micro-batch holds at least 4 rows of at most 37
+    // fed tokens, so each mini-batch has at most two and rank 1 at most one.
+    let cfg = setup(
+        tmp.path(),
+        3,
+        4,
+        "[algorithm]\nadv_estimator = \"maxrl\"\nloss_mode = \"reinforce\"\n\
+         [batch]\nppo_mini_batch_size = 2\nmax_tokens_per_micro_batch = 160\n",
+    );
+    let (one, two) = one_and_two(tmp.path(), &cfg);
+    same_bits(&one, &two);
+    same_files(&one, &two);
+}
+
+#[test]
+fn ppo_with_token_is_on_two_ranks_is_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(
+        tmp.path(),
+        3,
+        4,
+        "[algorithm]\nadv_estimator = \"grpo\"\nloss_mode = \"ppo\"\nrollout_is = \"token\"\n\
+         rollout_is_threshold = 2.0\n\
+         [batch]\nppo_mini_batch_size = 2\nppo_epochs = 2\nmax_tokens_per_micro_batch = 160\n",
+    );
+    let (one, two) = one_and_two(tmp.path(), &cfg);
+    same_bits(&one, &two);
+}
+
+#[test]
+fn fewer_rows_than_ranks_is_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Mini-batches of one row: rank 1 never has a row and adds zeros.
+    let cfg = setup(
+        tmp.path(),
+        3,
+        1,
+        "[algorithm]\nadv_estimator = \"reinforce_plus_plus\"\nloss_mode = \"ppo\"\n\
+         rollout_is = \"token\"\nrollout_is_threshold = 2.0\n\
+         [batch]\nppo_mini_batch_size = 1\n",
+    );
+    let (one, two) = one_and_two(tmp.path(), &cfg);
+    same_bits(&one, &two);
+}
+
+#[test]
+fn many_micro_batches_per_rank_stay_within_rounding() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One row per micro-batch: each rank adds four gradients left to right and the ranks' sums
+    // are then added, where one process adds all eight left to right.
+    let cfg = setup(
+        tmp.path(),
+        3,
+        4,
+        "[algorithm]\nadv_estimator = \"maxrl\"\nloss_mode = \"reinforce\"\n\
+         [batch]\nppo_mini_batch_size = 2\nmax_tokens_per_micro_batch = 40\n",
+    );
+    let (one, two) = one_and_two(tmp.path(), &cfg);
+    let (a, b) = (weights(&one, 3), weights(&two, 3));
+    let mut worst = 0f32;
+    for (name, x) in &a {
+        let d = (x - &b[name])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap();
+        worst = worst.max(d.max(0).unwrap().to_scalar::<f32>().unwrap());
+    }
+    // 12 AdamW steps of lr 1e-3 move a weight by up to 1.2e-2; the reassociated sums move the
+    // result by far less than one step's size.
+    eprintln!("largest weight difference {worst:e}");
+    assert!(worst > 0.0, "the sums are grouped differently here");
+    assert!(worst < 1e-6, "largest weight difference {worst}");
+    let (ma, mb) = (
+        read_metrics(&one, false).unwrap(),
+        read_metrics(&two, false).unwrap(),
+    );
+    assert_eq!(ma.len(), mb.len());
+    for (x, y) in ma.iter().zip(&mb) {
+        for (k, v) in x.as_object().unwrap() {
+            let (p, q) = (v.as_f64().unwrap_or(0.0), y[k].as_f64().unwrap_or(0.0));
+            assert!(
+                (p - q).abs() <= 1e-5 * p.abs().max(1.0),
+                "{k}: {p} on one process, {q} on two ranks"
+            );
+        }
+    }
+}
+
+/// The configuration of the bit-identical MaxRL test, over `steps` logged steps.
+fn exact(dir: &Path, steps: usize) -> PathBuf {
+    setup(
+        dir,
+        steps,
+        4,
+        "[algorithm]\nadv_estimator = \"maxrl\"\nloss_mode = \"reinforce\"\n\
+         [batch]\nppo_mini_batch_size = 2\nmax_tokens_per_micro_batch = 160\n",
+    )
+}
+
+#[test]
+fn a_checkpoint_resumes_on_another_number_of_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = exact(tmp.path(), 3);
+    let cfg = cfg.to_string_lossy();
+    let full = tmp.path().join("full");
+    ok(&single(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &full.to_string_lossy(),
+        "--quiet",
+    ]));
+    // One process, then two ranks; two ranks, then one process.
+    for (first, then) in [(1, 2), (2, 1)] {
+        let out = tmp.path().join(format!("from{first}"));
+        let out_s = out.to_string_lossy();
+        let start = [
+            "replay",
+            "--config",
+            &cfg,
+            "--out",
+            &out_s,
+            "--quiet",
+            "--stop-after",
+            "1",
+        ];
+        let more = ["replay", "--out", &out_s, "--resume", "--quiet"];
+        for (n, args) in [(first, &start[..]), (then, &more[..])] {
+            ok(&if n == 1 { single(args) } else { ranks(n, args) });
+        }
+        same_bits(&full, &out);
+    }
+}
+
+/// The process of rank `rank` among the children of `parent` (Open MPI's `mpirun` starts the
+/// ranks of a one-node job itself).
+fn rank_pid(parent: u32, rank: usize) -> Option<u32> {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for e in std::fs::read_dir("/proc").ok()? {
+        let Ok(pid) = e.ok()?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.split(|&b| b == 0).any(|v| v == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn kill_9_of_one_rank_ends_the_job_and_resume_continues() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = exact(tmp.path(), 12);
+    let cfg = cfg.to_string_lossy();
+    let full = tmp.path().join("full");
+    ok(&single(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &full.to_string_lossy(),
+        "--quiet",
+    ]));
+    let part = tmp.path().join("part");
+    let part_s = part.to_string_lossy();
+    let bin = env!("CARGO_BIN_EXE_rlreplay");
+    let job = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
+        .args(["replay", "--config", &cfg, "--out", &part_s, "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let latest = part.join("checkpoints/latest_checkpointed_iteration.txt");
+    let t0 = Instant::now();
+    while !latest.exists() && t0.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let victim = rank_pid(job.id(), 1).expect("rank 1's process");
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    let o = job.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    eprintln!("the job ended {took:?} after the kill");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    if o.status.success() {
+        // The run finished before the signal arrived: nothing to resume.
+        assert!(text.contains("trained 12/12 steps"), "{text}");
+    } else {
+        assert!(
+            took < Duration::from_secs(60),
+            "the job took {took:?} to end"
+        );
+        assert!(
+            text.contains("rank 1") && text.contains("signal 9"),
+            "{text}"
+        );
+        let o = ranks(2, &["replay", "--out", &part_s, "--resume", "--quiet"]);
+        ok(&o);
+    }
+    same_bits(&full, &part);
+}
+
+#[test]
+fn zero_1_gives_the_weights_of_one_process_and_resumes_unsharded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = exact(tmp.path(), 3);
+    let cfg = cfg.to_string_lossy();
+    let full = tmp.path().join("full");
+    ok(&single(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &full.to_string_lossy(),
+        "--quiet",
+    ]));
+    let zero = tmp.path().join("zero");
+    let zero_s = zero.to_string_lossy();
+    let shard = "optim.shard_optimizer_state=true";
+    // Two ranks with sharded moments (each checkpoint gathers the whole state), resumed on two
+    // ranks with sharding, then on one process without it.
+    let start = [
+        "replay", "--config", &cfg, "--out", &zero_s, "--quiet", "--set", shard,
+    ];
+    ok(&ranks(2, &[&start[..], &["--stop-after", "1"]].concat()));
+    let more = [
+        "replay", "--out", &zero_s, "--resume", "--quiet", "--set", shard,
+    ];
+    ok(&ranks(2, &[&more[..], &["--stop-after", "2"]].concat()));
+    let last = "optim.shard_optimizer_state=false";
+    ok(&single(&[
+        "replay", "--out", &zero_s, "--resume", "--quiet", "--set", last,
+    ]));
+    same_bits(&full, &zero);
+}

@@ -1,0 +1,538 @@
+//! Data-parallel updates: the model passes of an update split across the ranks of
+//! [`rlreplay_dist`], everything else computed identically on every rank.
+//!
+//! Every rank holds the whole trainer step (the same rows in the same order) and a full replica
+//! of the policy. The passes through the model are what costs, so only they are split:
+//!
+//! - The micro-batches (packs of at most `max_tokens_per_micro_batch` tokens) are formed over the
+//!   whole batch or mini-batch exactly as one process forms them, whatever the number of ranks,
+//!   and the packs — never a row of one — are shared out by the partition rule of
+//!   [`rlreplay_dist::partition`] (contiguous, token-balanced). A pack's log-probs and gradient
+//!   are therefore the same bits on any number of ranks.
+//! - Per-token outputs (`ℓ_old`, the current log-probs) are gathered in rank order, which is row
+//!   order, so every rank then holds the whole batch's log-probs. The rollout correction, the
+//!   advantages over whole groups, the loss normalisers (token and sequence counts of the whole
+//!   mini-batch), the loss, its per-token gradient and the loss metrics are then computed from
+//!   the same numbers on every rank: the loss is the single-process loss, bit for bit.
+//! - Before clipping and AdamW, the gradients each rank accumulated over its packs are summed
+//!   over the ranks in rank order ([`rlreplay_dist::sum_in_rank_order`]), the same bits on every
+//!   rank, so every rank applies the same update.
+//!
+//! The one sum that is grouped differently from one process: one process adds the packs'
+//! gradients left to right, `((g₁ + g₂) + g₃) + g₄`; two ranks holding `g₁, g₂` and `g₃, g₄` add
+//! `(g₁ + g₂) + (g₃ + g₄)`. The f32 results agree when no rank but the first holds more than one
+//! pack of the mini-batch (then the groupings coincide), else they differ by the rounding of
+//! that reassociation (a few ulps of the gradient's magnitude).
+
+use std::cell::Cell;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Tensor};
+use rlreplay_dist::{
+    all_reduce_metrics, partition, partition_rows, Collective, Engine, Options, Shards,
+    SingleProcess,
+};
+use rlreplay_model::{micro_batches, AdamW, Model, SeqPair, StepReport};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::rundir::{checkpoint_dir, Metrics, TIMING_PREFIXES};
+
+/// Exit code of every process of a data-parallel job ended by an error on one rank.
+pub const ERROR_CODE: i32 = 2;
+
+/// The collectives of this process: one process unless a launcher (`mpirun`, `srun`) started
+/// it, else MPI ranks on CPU or NCCL between the CUDA devices `[model] device` names (the NCCL
+/// unique id travels through `out` when no MPI launcher started the job). A multi-rank start of
+/// a build without the backend is an error, never independent runs writing one directory.
+pub fn connect(cfg: &Config, out: &Path) -> Result<Box<dyn Collective>> {
+    let engine = if cfg.model.device()?.is_cuda() {
+        Engine::Nccl
+    } else {
+        Engine::Cpu
+    };
+    let opts = Options {
+        engine,
+        timeout: Duration::from_secs(cfg.trainer.collective_timeout_s.max(1)),
+        rendezvous_dir: Some(out.to_path_buf()),
+    };
+    Ok(rlreplay_dist::init(&opts)?)
+}
+
+/// The device of this rank: `[model] device`, where a bare `cuda` on several ranks is the GPU
+/// of the local rank among the visible ones (`CUDA_VISIBLE_DEVICES`; device 0 when the
+/// launcher gave each process one, as `srun --gpus-per-task=1` does).
+pub fn device(cfg: &Config, comm: &dyn Collective) -> Result<rlreplay_model::Device> {
+    let device = cfg.model.device()?;
+    if comm.world() == 1 || !device.is_cuda() || cfg.model.device.trim() != "cuda" {
+        return Ok(device);
+    }
+    let placement = comm.placement();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count())
+        .or(placement.local_world)
+        .unwrap_or(placement.local_rank + 1);
+    let ordinal = placement.device_ordinal(visible)?;
+    rlreplay_model::parse_device(&format!("cuda:{ordinal}"))
+        .map_err(|e| Error::config("model.device", format!("[model] device: {e}")))
+}
+
+/// The checkpoint every rank starts from: rank 0's `resume_from` (found in the run directory
+/// that rank 0 alone checks), sent to the others once rank 0 has prepared the run directory.
+pub fn resume_point(
+    comm: &dyn Collective,
+    resume_from: Option<(u64, PathBuf)>,
+    out: &Path,
+) -> Result<Option<(u64, PathBuf)>> {
+    if comm.world() == 1 {
+        return Ok(resume_from);
+    }
+    let code = resume_from.as_ref().map_or(0, |(s, _)| s + 1);
+    Ok(match comm.broadcast_u64(0, code)? {
+        0 => None,
+        s => Some((s - 1, checkpoint_dir(out, s - 1))),
+    })
+}
+
+/// `" on N ranks (backend)"` for the run log; empty on one process.
+pub fn describe(comm: &dyn Collective) -> String {
+    if comm.world() == 1 {
+        String::new()
+    } else {
+        format!(" on {} ranks ({})", comm.world(), comm.backend())
+    }
+}
+
+/// Reduces the step's timings (`timing_s/*`, `perf/*`: each rank measures its own) over the
+/// ranks by their kind (means, `max`/`min` extremes); the other metrics are computed from the
+/// same numbers on every rank and stay as they are.
+pub fn reduce_timings(comm: &dyn Collective, metrics: &mut Metrics) -> Result<()> {
+    if comm.world() == 1 {
+        return Ok(());
+    }
+    let local: Metrics = metrics
+        .iter()
+        .filter(|(k, _)| TIMING_PREFIXES.iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    metrics.extend(all_reduce_metrics(comm, &local, 1.0)?);
+    Ok(())
+}
+
+/// Where an update's model passes run: this process alone, or shared by data-parallel ranks.
+pub struct DataParallel<'a> {
+    comm: &'a dyn Collective,
+    /// ZeRO-1: the optimizer state sharded over the ranks.
+    shard: bool,
+    /// Seconds spent in collectives since the last [`DataParallel::take_metrics`].
+    gather_s: Cell<f64>,
+    all_reduce_s: Cell<f64>,
+}
+
+impl<'a> DataParallel<'a> {
+    /// The passes of `comm`'s ranks.
+    pub fn new(comm: &'a dyn Collective) -> Self {
+        Self {
+            comm,
+            shard: false,
+            gather_s: Cell::new(0.0),
+            all_reduce_s: Cell::new(0.0),
+        }
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.comm.world()
+    }
+
+    /// The pack indices of this rank among `packs` (contiguous row ranges over `pairs`):
+    /// [`partition`] with the packs as units, weighted by fed tokens.
+    fn my_packs(&self, pairs: &[SeqPair<'_>], packs: &[Range<usize>]) -> Result<Range<usize>> {
+        if self.world() == 1 {
+            return Ok(0..packs.len());
+        }
+        let costs: Vec<u64> = pairs.iter().map(|p| p.fed_tokens() as u64).collect();
+        let parts = partition(&costs, packs, self.world())?;
+        let rows = parts[self.comm.rank()].clone();
+        let first = packs.partition_point(|p| p.start < rows.start);
+        let last = packs.partition_point(|p| p.end <= rows.end);
+        Ok(first..last.max(first))
+    }
+
+    /// Per-token log-probs of `pairs` (no graph), packed into micro-batches of `budget` tokens;
+    /// flat, in pair order, on every rank. Each rank runs its share of the packs.
+    pub fn logprobs(
+        &self,
+        model: &Model,
+        pairs: &[SeqPair<'_>],
+        budget: usize,
+        temperature: f64,
+    ) -> Result<Vec<f64>> {
+        let packs = micro_batches(pairs, budget);
+        let mut out = Vec::new();
+        for c in &packs[self.my_packs(pairs, &packs)?] {
+            let lp = model.logprobs(&pairs[c.clone()], temperature, false)?;
+            out.extend(lp.logprobs.into_iter().flatten());
+        }
+        self.gather(out)
+    }
+
+    /// Accumulates into `model`'s gradient buffers the gradient of `Σ g_t · ℓ_t` over this
+    /// rank's packs of `pairs` (`grad_logprobs`: every response token of every pair); returns
+    /// the log-probs of all the pairs, on every rank.
+    pub fn forward_backward(
+        &self,
+        model: &mut Model,
+        pairs: &[SeqPair<'_>],
+        grad_logprobs: &[f64],
+        budget: usize,
+        temperature: f64,
+    ) -> Result<Vec<f64>> {
+        let packs = micro_batches(pairs, budget);
+        let mut at = vec![0usize];
+        for p in pairs {
+            at.push(at[at.len() - 1] + p.response.len());
+        }
+        if grad_logprobs.len() != at[pairs.len()] {
+            return Err(Error::Ranks(format!(
+                "{} log-prob gradients for {} response tokens",
+                grad_logprobs.len(),
+                at[pairs.len()]
+            )));
+        }
+        let mut out = Vec::new();
+        for c in &packs[self.my_packs(pairs, &packs)?] {
+            let g = &grad_logprobs[at[c.start]..at[c.end]];
+            let lp = model.forward_backward(&pairs[c.clone()], g, temperature)?;
+            out.extend(lp.into_iter().flatten());
+        }
+        self.gather(out)
+    }
+
+    /// Sums the gradients accumulated on every rank over the ranks, in rank order, so every
+    /// rank holds the mini-batch's gradient before clipping and AdamW. A rank that ran no pack
+    /// adds zeros; a parameter keeps no gradient only when no rank ran a pack.
+    pub fn sum_gradients(&self, model: &mut Model) -> Result<()> {
+        if self.world() == 1 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let dtype = if model.params().iter().any(|p| p.var.dtype() == DType::F64) {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let present = model.grads().iter().any(Option::is_some);
+        let mut flat = Vec::with_capacity(model.params().len() + 1);
+        for (p, g) in model.params().iter().zip(model.grads()) {
+            let g = match g {
+                Some(g) => g.clone(),
+                None => p.var.as_detached_tensor().zeros_like()?,
+            };
+            flat.push(g.flatten_all()?.to_dtype(dtype)?);
+        }
+        let flag = Tensor::new(&[f64::from(u8::from(present))], model.device())?;
+        flat.push(flag.to_dtype(dtype)?);
+        let sum = self
+            .comm
+            .all_reduce_sum_tensor(&Tensor::cat(&flat, 0)?)
+            .map_err(|source| Error::Collective {
+                what: "summing the gradients over the ranks",
+                source,
+            })?;
+        let n = sum.dim(0)?;
+        let any = sum
+            .narrow(0, n - 1, 1)?
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?[0]
+            > 0.0;
+        if !any {
+            model.zero_grad();
+        } else {
+            let mut at = 0;
+            let shapes: Vec<(candle_core::Shape, DType)> = model
+                .params()
+                .iter()
+                .map(|p| (p.var.shape().clone(), p.var.dtype()))
+                .collect();
+            for ((shape, dt), g) in shapes.into_iter().zip(model.grads_mut()) {
+                let len = shape.elem_count();
+                *g = Some(sum.narrow(0, at, len)?.reshape(shape)?.to_dtype(dt)?);
+                at += len;
+            }
+        }
+        self.all_reduce_s
+            .set(self.all_reduce_s.get() + started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// ZeRO-1 (`optim.shard_optimizer_state`): the optimizer state of whole parameter tensors
+    /// is kept by one rank each, contiguous in parameter order and balanced by elements.
+    pub fn sharded(mut self, shard: bool) -> Self {
+        self.shard = shard;
+        self
+    }
+
+    /// The ZeRO-1 layout: the owner of each parameter and the element ranges of the ranks in
+    /// the flat buffer of every parameter.
+    fn zero_layout(&self, model: &Model) -> Result<(Vec<usize>, Shards)> {
+        let sizes: Vec<u64> = model
+            .params()
+            .iter()
+            .map(|p| p.var.elem_count() as u64)
+            .collect();
+        let parts = partition_rows(&sizes, self.world());
+        let mut owner = vec![0; sizes.len()];
+        let mut at = vec![0usize];
+        for &s in &sizes {
+            at.push(at[at.len() - 1] + s as usize);
+        }
+        for (r, part) in parts.iter().enumerate() {
+            owner[part.clone()].iter_mut().for_each(|o| *o = r);
+        }
+        let ranges = parts.iter().map(|p| at[p.start]..at[p.end]).collect();
+        Ok((owner, Shards::from_ranges(ranges)?))
+    }
+
+    /// The optimizer step of a mini-batch: the gradients summed over the ranks, clipped to the
+    /// global norm and applied by AdamW, the same update on every rank. With ZeRO-1 the sum is a
+    /// reduce-scatter (each rank gets the summed gradients of its own parameters), each rank
+    /// updates its own parameters with its share of the moments, and an all-gather hands every
+    /// rank the new weights: the same bits as without it.
+    pub fn optimizer_step(
+        &self,
+        model: &mut Model,
+        opt: &mut AdamW,
+        lr: f64,
+    ) -> Result<StepReport> {
+        if !self.shard || self.world() == 1 {
+            self.sum_gradients(model)?;
+            return Ok(opt.step(model, lr)?);
+        }
+        let started = Instant::now();
+        if model.params().iter().any(|p| p.var.dtype() != DType::F32) {
+            return Err(Error::config(
+                "optim.shard_optimizer_state",
+                "[optim] shard_optimizer_state shards f32 master weights; this model's are f64",
+            ));
+        }
+        let (owner, shards) = self.zero_layout(model)?;
+        let me = self.comm.rank();
+        for (i, &o) in owner.iter().enumerate() {
+            if o != me {
+                opt.set_moments(i, None);
+            }
+        }
+        let mut present = [f64::from(u8::from(
+            model.grads().iter().any(Option::is_some),
+        ))];
+        self.comm.all_reduce_sum_f64(&mut present)?;
+        if present[0] == 0.0 {
+            model.zero_grad();
+            return Ok(opt.step(model, lr)?);
+        }
+        let mut flat = Vec::with_capacity(shards.len());
+        for (p, g) in model.params().iter().zip(model.grads()) {
+            match g {
+                Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                None => flat.resize(flat.len() + p.var.elem_count(), 0.0),
+            }
+        }
+        let mut mine = vec![0f32; shards.range(me).len()];
+        self.comm
+            .reduce_scatter_sum_f32(&flat, &shards, &mut mine)
+            .map_err(|source| Error::Collective {
+                what: "reduce-scatter of the gradients",
+                source,
+            })?;
+        drop(flat);
+        let shapes: Vec<candle_core::Shape> = model
+            .params()
+            .iter()
+            .map(|p| p.var.shape().clone())
+            .collect();
+        let device = model.device().clone();
+        let mut at = 0;
+        let mut squares = Vec::new();
+        for (i, g) in model.grads_mut().iter_mut().enumerate() {
+            *g = None;
+            if owner[i] == me {
+                let len = shapes[i].elem_count();
+                let t = Tensor::from_slice(&mine[at..at + len], shapes[i].clone(), &device)?;
+                // Model::grad_norm's terms, the same bits.
+                squares.extend(
+                    t.sqr()?
+                        .sum_all()?
+                        .to_dtype(DType::F64)?
+                        .to_scalar::<f64>()?
+                        .to_le_bytes(),
+                );
+                *g = Some(t);
+                at += len;
+            }
+        }
+        // The ranks own consecutive parameters: rank order is parameter order, as in
+        // Model::grad_norm's sum.
+        let mut sq = 0.0f64;
+        for b in self.comm.all_gather_bytes(&squares)? {
+            for c in b.chunks_exact(8) {
+                sq += f64::from_le_bytes(c.try_into().expect("8 bytes"));
+            }
+        }
+        let report = opt.step_with_norm(model, lr, sq.sqrt())?;
+        if !report.skipped {
+            let mut mine = Vec::with_capacity(shards.range(me).len());
+            for (p, &o) in model.params().iter().zip(&owner) {
+                if o == me {
+                    mine.extend(p.var.as_detached_tensor().flatten_all()?.to_vec1::<f32>()?);
+                }
+            }
+            let mut all = vec![0f32; shards.len()];
+            self.comm
+                .all_gather_f32(&mine, &shards, &mut all)
+                .map_err(|source| Error::Collective {
+                    what: "all-gather of the updated parameters",
+                    source,
+                })?;
+            let mut at = 0;
+            for (i, p) in model.params().iter().enumerate() {
+                let len = shapes[i].elem_count();
+                if owner[i] != me {
+                    p.var.set(&Tensor::from_slice(
+                        &all[at..at + len],
+                        shapes[i].clone(),
+                        &device,
+                    )?)?;
+                }
+                at += len;
+            }
+        }
+        self.all_reduce_s
+            .set(self.all_reduce_s.get() + started.elapsed().as_secs_f64());
+        Ok(report)
+    }
+
+    /// With ZeRO-1, hands every rank the moments of every parameter (before rank 0 writes a
+    /// checkpoint, which holds the whole optimizer state whatever the number of ranks); the next
+    /// optimizer step drops the other ranks' shares again. Every rank calls it.
+    pub fn gather_optimizer_state(&self, model: &Model, opt: &mut AdamW) -> Result<()> {
+        if !self.shard || self.world() == 1 {
+            return Ok(());
+        }
+        let (owner, shards) = self.zero_layout(model)?;
+        let me = self.comm.rank();
+        let (mut avg, mut sq, mut steps) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, p) in model.params().iter().enumerate() {
+            if owner[i] != me {
+                continue;
+            }
+            match opt.moments(i) {
+                Some((step, m, v)) => {
+                    avg.extend(m.flatten_all()?.to_vec1::<f32>()?);
+                    sq.extend(v.flatten_all()?.to_vec1::<f32>()?);
+                    steps.extend(step.to_le_bytes());
+                }
+                None => {
+                    avg.resize(avg.len() + p.var.elem_count(), 0.0);
+                    sq.resize(sq.len() + p.var.elem_count(), 0.0);
+                    steps.extend(0u64.to_le_bytes());
+                }
+            }
+        }
+        let mut all_avg = vec![0f32; shards.len()];
+        let mut all_sq = vec![0f32; shards.len()];
+        self.comm.all_gather_f32(&avg, &shards, &mut all_avg)?;
+        self.comm.all_gather_f32(&sq, &shards, &mut all_sq)?;
+        let all_steps: Vec<u64> = self
+            .comm
+            .all_gather_bytes(&steps)?
+            .concat()
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        if all_steps.len() != owner.len() {
+            return Err(Error::Ranks(format!(
+                "optimizer state of {} parameters gathered, the model has {}",
+                all_steps.len(),
+                owner.len()
+            )));
+        }
+        let mut at = 0;
+        for (i, p) in model.params().iter().enumerate() {
+            let len = p.var.elem_count();
+            let shape = p.var.shape().clone();
+            let moments = if all_steps[i] == 0 {
+                None
+            } else {
+                let t = |x: &[f32]| Tensor::from_slice(x, shape.clone(), model.device());
+                Some((
+                    all_steps[i],
+                    t(&all_avg[at..at + len])?,
+                    t(&all_sq[at..at + len])?,
+                ))
+            };
+            opt.set_moments(i, moments);
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Every rank's `mine`, concatenated in rank order, on every rank.
+    fn gather(&self, mine: Vec<f64>) -> Result<Vec<f64>> {
+        if self.world() == 1 {
+            return Ok(mine);
+        }
+        let started = Instant::now();
+        let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut out = Vec::new();
+        for (rank, b) in self.comm.all_gather_bytes(&bytes)?.iter().enumerate() {
+            if b.len() % 8 != 0 {
+                return Err(Error::Ranks(format!(
+                    "rank {rank} sent {} bytes of log-probs",
+                    b.len()
+                )));
+            }
+            out.extend(
+                b.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            );
+        }
+        self.gather_s
+            .set(self.gather_s.get() + started.elapsed().as_secs_f64());
+        Ok(out)
+    }
+
+    /// The time spent in collectives since the last call (`timing_s/grad_all_reduce`,
+    /// `timing_s/logprob_gather`); empty on one process.
+    pub fn take_metrics(&self) -> Metrics {
+        let mut m = Metrics::new();
+        if self.world() > 1 {
+            m.insert("timing_s/grad_all_reduce".into(), self.all_reduce_s.take());
+            m.insert("timing_s/logprob_gather".into(), self.gather_s.take());
+        }
+        m
+    }
+}
+
+impl Default for DataParallel<'static> {
+    /// One process.
+    fn default() -> Self {
+        static SINGLE: std::sync::OnceLock<SingleProcess> = std::sync::OnceLock::new();
+        Self::new(SINGLE.get_or_init(SingleProcess::new))
+    }
+}
+
+/// An error and its causes, `: `-separated (what a rank prints before it ends the job).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
