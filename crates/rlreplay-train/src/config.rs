@@ -769,8 +769,9 @@ pub const MOVED: &[(&str, &str)] = &[
 ];
 
 /// What may differ between the configuration a run started with and the one it resumes with.
-pub const MAY_CHANGE_ON_RESUME: &str =
-    "[trainer] save_freq, keep, dir, loggers, collective_timeout_s; [optim] shard_optimizer_state";
+pub const MAY_CHANGE_ON_RESUME: &str = "[trainer] save_freq, keep, dir, loggers, \
+     collective_timeout_s; [optim] shard_optimizer_state; [rollout] endpoints, request_timeout_s, \
+     retries, retry_backoff_s";
 
 impl Config {
     /// Reads a configuration file for a `source` front and applies `section.key=value`
@@ -1095,6 +1096,12 @@ impl Config {
         c.trainer.loggers.clear();
         c.trainer.collective_timeout_s = 0;
         c.optim.shard_optimizer_state = false;
+        // Where the inference servers run and how they are reached: servers restarted after a
+        // failure come back on other hosts or ports.
+        c.rollout.endpoints.clear();
+        c.rollout.request_timeout_s = 0.0;
+        c.rollout.retries = 0;
+        c.rollout.retry_backoff_s = 0.0;
         c
     }
 }
@@ -1327,6 +1334,14 @@ path = "d"
         let mut t = c.clone();
         t.trainer.loggers = vec![Logger::Tensorboard];
         assert_eq!(t.comparable(), c.comparable());
+        // Servers restarted on other ports may be named on resume; the protocol may not change.
+        let o = online("", &["rollout.endpoints=[\"http://127.0.0.1:1\"]"]).unwrap();
+        let mut t = o.clone();
+        t.rollout.endpoints = vec!["http://10.0.0.2:8000".into()];
+        t.rollout.retries = 7;
+        assert_eq!(t.comparable(), o.comparable());
+        t.rollout.protocol = RolloutProtocol::Sglang;
+        assert_ne!(t.comparable(), o.comparable());
     }
 
     #[test]
