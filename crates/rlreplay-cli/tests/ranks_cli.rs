@@ -441,3 +441,208 @@ fn zero_1_gives_the_weights_of_one_process_and_resumes_unsharded() {
     ]));
     same_bits(&full, &zero);
 }
+
+/// The toy preset of `rlreplay train`.
+fn toy_preset() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../configs/toy-arith.toml")
+        .display()
+        .to_string()
+}
+
+/// A short online run of the toy preset: `steps` steps of 3 prompt groups (2 on rank 0, 1 on
+/// rank 1 of two), validation of 5 prompts (3 and 2) before training and every 2 steps, a
+/// checkpoint every 2 steps.
+fn toy_args(steps: u64) -> Vec<String> {
+    let sets = [
+        format!("trainer.total_training_steps={steps}"),
+        "trainer.save_freq=2".into(),
+        "trainer.keep=5".into(),
+        "trainer.threads=1".into(),
+        "trainer.loggers=[\"jsonl\"]".into(),
+        "validation.test_freq=2".into(),
+        "toy.warmup_steps=2".into(),
+        "toy.val_prompts=5".into(),
+        "batch.train_batch_size=3".into(),
+    ];
+    sets.into_iter()
+        .flat_map(|s| ["--set".to_string(), s])
+        .collect()
+}
+
+/// `rlreplay train` on `n` ranks (1: one process) into `out`; `more` after the toy settings.
+fn train_on(n: usize, out: &Path, fresh: bool, steps: u64, more: &[&str]) -> Output {
+    let config = toy_preset();
+    let out = out.to_string_lossy();
+    let mut args = vec!["train", "--out", &out];
+    if fresh {
+        args.extend(["--config", &config]);
+    } else {
+        args.push("--resume");
+    }
+    let toy = toy_args(steps);
+    args.extend(toy.iter().map(String::as_str));
+    args.extend(more);
+    if n == 1 {
+        single(&args)
+    } else {
+        ranks(n, &args)
+    }
+}
+
+/// [`same_bits`] and the same rollout shards and validation results.
+fn same_online_run(one: &Path, two: &Path) {
+    same_bits(one, two);
+    for f in ["results/validation_mean8.csv", "best_step.txt"] {
+        let read = |r: &Path| std::fs::read_to_string(r.join(f)).unwrap();
+        assert_eq!(read(one), read(two), "{f}");
+    }
+    let shards = |r: &Path| {
+        let mut v: Vec<PathBuf> = walk(&r.join("rollouts/data"));
+        v.sort();
+        v.iter()
+            .map(|p| std::fs::read(p).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shards(one), shards(two), "rollout shards");
+}
+
+#[test]
+fn online_toy_on_two_ranks_is_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    ok(&train_on(1, &one, true, 4, &[]));
+    let o = train_on(2, &two, true, 4, &[]);
+    ok(&o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained 4 steps"));
+    let log = std::fs::read_to_string(two.join("run.log")).unwrap();
+    assert!(
+        log.contains("started at step 0 of 4, 5 validation prompts on 2 ranks (mpi)"),
+        "{log}"
+    );
+    same_online_run(&one, &two);
+    same_files(&one, &two);
+    let metrics = read_metrics(&two, false).unwrap();
+    assert_eq!(metrics.len(), 4);
+    assert!(metrics
+        .iter()
+        .all(|m| m["response_length/mean"].as_f64() > Some(0.0)));
+}
+
+#[test]
+fn online_rlsd_and_more_ranks_than_groups_are_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Self-distillation: the teacher contexts need every row's text on every rank. One prompt
+    // group per step on two ranks: rank 1 generates nothing.
+    let sets = [
+        "--set",
+        "algorithm.loss_mode=\"rlsd\"",
+        "--set",
+        "self_distillation.context=\"sibling\"",
+        "--set",
+        "batch.train_batch_size=1",
+    ];
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    ok(&train_on(1, &one, true, 2, &sets));
+    ok(&train_on(2, &two, true, 2, &sets));
+    same_online_run(&one, &two);
+}
+
+#[test]
+fn online_run_resumes_from_one_process_on_two_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, part) = (tmp.path().join("full"), tmp.path().join("part"));
+    ok(&train_on(1, &full, true, 4, &[]));
+    ok(&train_on(1, &part, true, 4, &["--stop-after", "2"]));
+    ok(&train_on(2, &part, false, 4, &[]));
+    same_online_run(&full, &part);
+}
+
+#[test]
+fn online_kill_9_of_one_rank_ends_the_job_and_resume_continues() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, part) = (tmp.path().join("full"), tmp.path().join("part"));
+    let steps = 8;
+    ok(&train_on(1, &full, true, steps, &[]));
+    let config = toy_preset();
+    let job = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_rlreplay"))
+        .args([
+            "train",
+            "--config",
+            &config,
+            "--out",
+            &part.to_string_lossy(),
+        ])
+        .args(toy_args(steps))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-run: after the first checkpoint, while the ranks generate the next steps.
+    let latest = part.join("checkpoints/latest_checkpointed_iteration.txt");
+    let t0 = Instant::now();
+    while !latest.exists() && t0.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let victim = rank_pid(job.id(), 1).expect("rank 1's process");
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    let o = job.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    eprintln!("the job ended {took:?} after the kill");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    if o.status.success() {
+        assert!(text.contains(&format!("trained {steps} steps")), "{text}");
+    } else {
+        assert!(
+            took < Duration::from_secs(60),
+            "the job took {took:?} to end"
+        );
+        assert!(
+            text.contains("rank 1") && text.contains("signal 9"),
+            "{text}"
+        );
+        ok(&train_on(2, &part, false, steps, &[]));
+    }
+    same_online_run(&full, &part);
+}
+
+#[test]
+fn online_remote_on_two_ranks_is_the_local_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = tmp.path().join("local");
+    ok(&train_on(1, &local, true, 4, &[]));
+    // A server started from any model of the architecture: rank 0 sends it the initial weights
+    // before step 1 and every update after.
+    let mut cfg = rlreplay_serve::ServeConfig::new(local.join("checkpoints/global_step_4"));
+    cfg.port = 0;
+    let server = rlreplay_serve::BoundServer::bind(cfg)
+        .unwrap()
+        .spawn()
+        .unwrap();
+    let endpoints = format!("rollout.endpoints=[{:?}]", server.url());
+    let remote = tmp.path().join("remote");
+    let sets = [
+        "--set",
+        "rollout.backend=\"remote\"",
+        "--set",
+        &endpoints,
+        "--set",
+        "rollout.request_timeout_s=60",
+    ];
+    ok(&train_on(2, &remote, true, 4, &sets));
+    same_online_run(&local, &remote);
+    assert!(remote.join("weights/step_4/STABLE").is_file());
+    server.shutdown();
+}

@@ -10,6 +10,7 @@
 //! - [`partition()`]: the rows of a mini-batch split across ranks, contiguous and token-balanced,
 //!   whole groups kept together.
 //! - [`all_reduce_accumulator`] / [`all_reduce_metrics`]: metrics reduced by kind.
+//! - [`wire`]: the byte encoding of what ranks send each other.
 //! - [`init`]: the backend the environment and the build call for.
 #![warn(missing_docs)]
 
@@ -23,6 +24,7 @@ pub mod mpi;
 pub mod nccl;
 pub mod partition;
 pub mod rendezvous;
+pub mod wire;
 
 use std::path::PathBuf;
 use std::time::Duration;

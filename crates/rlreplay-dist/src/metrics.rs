@@ -6,7 +6,8 @@
 use rlreplay_algo::{MetricAccumulator, Metrics};
 
 use crate::collective::Collective;
-use crate::error::{DistError, Result};
+use crate::error::Result;
+use crate::wire::{Reader, Writer};
 
 /// The merge of every rank's accumulator, in rank order, on every rank.
 pub fn all_reduce_accumulator(
@@ -19,7 +20,7 @@ pub fn all_reduce_accumulator(
     let gathered = comm.all_gather_bytes(&encode(acc))?;
     let mut out = MetricAccumulator::new();
     for (rank, bytes) in gathered.iter().enumerate() {
-        decode(bytes, &mut out).map_err(|msg| DistError::Message { rank, msg })?;
+        decode(bytes, rank, &mut out)?;
     }
     Ok(out)
 }
@@ -36,48 +37,25 @@ pub fn all_reduce_metrics(
     Ok(all_reduce_accumulator(comm, &acc)?.finish())
 }
 
-/// `u32` entry count, then per entry: `u32` name length, the name, value and weight as `f64`
-/// bits (little-endian).
+/// The entry count, then per entry its name, value and weight ([`crate::wire`]).
 fn encode(acc: &MetricAccumulator) -> Vec<u8> {
     let entries: Vec<(&str, f64, f64)> = acc.state().collect();
-    let mut out = Vec::with_capacity(4 + entries.len() * 40);
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (name, v, w) in entries {
-        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&v.to_le_bytes());
-        out.extend_from_slice(&w.to_le_bytes());
+    let mut w = Writer::new();
+    w.usize(entries.len());
+    for (name, v, weight) in entries {
+        w.str(name).f64(v).f64(weight);
     }
-    out
+    w.finish()
 }
 
-fn decode(mut bytes: &[u8], into: &mut MetricAccumulator) -> std::result::Result<(), String> {
-    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], String> {
-        if bytes.len() < n {
-            return Err(format!(
-                "metrics message cut short ({} bytes missing)",
-                n - bytes.len()
-            ));
-        }
-        let (head, tail) = bytes.split_at(n);
-        *bytes = tail;
-        Ok(head)
-    }
-    let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize;
-    let f64_at = |b: &[u8]| f64::from_le_bytes(b.try_into().expect("8 bytes"));
-    let n = u32_at(take(&mut bytes, 4)?);
-    for _ in 0..n {
-        let len = u32_at(take(&mut bytes, 4)?);
-        let name = std::str::from_utf8(take(&mut bytes, len)?)
-            .map_err(|_| "metric name is not UTF-8".to_string())?;
-        let v = f64_at(take(&mut bytes, 8)?);
-        let w = f64_at(take(&mut bytes, 8)?);
+fn decode(bytes: &[u8], rank: usize, into: &mut MetricAccumulator) -> Result<()> {
+    let mut r = Reader::new(bytes, rank);
+    for _ in 0..r.usize()? {
+        let name = r.str()?;
+        let (v, w) = (r.f64()?, r.f64()?);
         into.merge_state(name, v, w);
     }
-    if !bytes.is_empty() {
-        return Err(format!("{} bytes after the metrics", bytes.len()));
-    }
-    Ok(())
+    r.end()
 }
 
 #[cfg(test)]
@@ -96,10 +74,10 @@ mod tests {
         .into();
         acc.add(&m, 7.0);
         let mut back = MetricAccumulator::new();
-        decode(&encode(&acc), &mut back).unwrap();
+        decode(&encode(&acc), 0, &mut back).unwrap();
         assert_eq!(back.finish(), acc.finish());
         let bytes = encode(&acc);
-        assert!(decode(&bytes[..bytes.len() - 1], &mut MetricAccumulator::new()).is_err());
+        assert!(decode(&bytes[..bytes.len() - 1], 1, &mut MetricAccumulator::new()).is_err());
     }
 
     #[test]

@@ -9,12 +9,14 @@
 //! [`generate`] pushes a whole prompt list and steps until it is done.
 //!
 //! Sample `s` of a group draws from its own random stream (`first_stream + s` of the group's
-//! seed; [`generate`] gives prompt `p` the streams `p * n + s`), and the sequences of a step are
-//! sampled in parallel, each with its own stream, so the sampled tokens do not depend on the
-//! batch size or on which sequences run together (up to float rounding of the logits: matrix
-//! products of other shapes may round differently, which moves log-probs by ~1e-7 and could flip
-//! a draw that falls exactly on a boundary). The same inputs and batch size give identical
-//! results.
+//! seed; [`generate`] gives prompt `p` the streams `p * n + s`, [`generate_part`] those of its
+//! prompts' places in a longer list), and the sequences of a step are sampled in parallel, each
+//! with its own stream, so the sampled tokens do not depend on the batch size or on which
+//! sequences run together. On the CPU f32 decoder a row's logits are also the same bits whatever
+//! the rows beside it, so a prompt list generated in parts (by data-parallel ranks) gives exactly
+//! what it gives whole; on the other paths matrix products of other shapes may round differently,
+//! which moves log-probs by ~1e-7 and could flip a draw that falls exactly on a boundary. The
+//! same inputs and batch size give identical results.
 
 use std::collections::VecDeque;
 
@@ -399,6 +401,22 @@ pub fn generate(
     n: usize,
     params: &SamplingParams,
     max_batch: usize,
+    on_done: impl FnMut(&Generation),
+) -> Result<Vec<Generation>> {
+    generate_part(decoder, prompts, 0, n, params, max_batch, on_done)
+}
+
+/// [`generate`] for the prompts `first..first + prompts.len()` of a longer list: prompt `i` of
+/// `prompts` draws the random streams of prompt `first + i` of the whole list, so a list
+/// generated in parts (by data-parallel ranks) samples what it samples whole. A generation's
+/// `prompt` is its index in `prompts`.
+pub fn generate_part(
+    decoder: &Decoder,
+    prompts: &[Vec<u32>],
+    first: usize,
+    n: usize,
+    params: &SamplingParams,
+    max_batch: usize,
     mut on_done: impl FnMut(&Generation),
 ) -> Result<Vec<Generation>> {
     params.validate()?;
@@ -408,11 +426,11 @@ pub fn generate(
     let max_pos = decoder.config().max_position_embeddings;
     for (i, p) in prompts.iter().enumerate() {
         if p.is_empty() {
-            return Err(Error::EmptyPrompt { prompt: i });
+            return Err(Error::EmptyPrompt { prompt: first + i });
         }
         if p.len() >= max_pos {
             return Err(Error::PromptTooLong {
-                prompt: i,
+                prompt: first + i,
                 tokens: p.len(),
                 context: max_pos,
             });
@@ -424,7 +442,7 @@ pub fn generate(
             prompt: prompt.clone(),
             n,
             params: params.clone(),
-            first_stream: (p * n) as u64,
+            first_stream: ((first + p) * n) as u64,
             logprobs: LogprobMode::Tempered,
             top_logprobs: 0,
         });

@@ -19,11 +19,14 @@
 pub mod logged;
 pub mod online;
 pub mod remote;
+pub mod share;
 
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use rlreplay_data::RolloutBatch;
+use rlreplay_dist::Collective;
 use rlreplay_model::Model;
 use rlreplay_sampling::chat::{ChatTokenizer, Message};
 
@@ -140,6 +143,9 @@ pub struct SourceContext<'a> {
     /// Every step must carry its rows' text ([`RolloutStep::text`]): the loss needs teacher
     /// contexts.
     pub needs_text: bool,
+    /// The data-parallel ranks the trainer runs on (one process when not started by a
+    /// launcher). Every rank's source hands the trainer the whole step.
+    pub comm: Rc<dyn Collective>,
 }
 
 /// The kinds of rollout source, one per training front.

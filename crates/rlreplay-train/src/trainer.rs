@@ -261,13 +261,6 @@ impl Trainer {
     pub fn on_ranks(opts: &RunOptions, comm: Rc<dyn Collective>) -> Result<Self> {
         let cfg = opts.config.clone();
         cfg.validate()?;
-        if comm.world() > 1 && cfg.source != SourceKind::Logged {
-            return Err(Error::Ranks(format!(
-                "`rlreplay train` runs on one process for now ({} ranks were started): \
-                 data-parallel ranks train `rlreplay replay`",
-                comm.world()
-            )));
-        }
         let out = &opts.out;
         let root = comm.is_root();
         let lock = root.then(|| RunLock::acquire(out)).transpose()?;
@@ -394,6 +387,7 @@ impl Trainer {
             stop_ids: &stop,
             vocab_size: policy.config().vocab_size,
             needs_text: uses_teacher,
+            comm: comm.clone(),
         })?;
         let resumed_source = resume_from.as_ref().map(|_| state.source.clone());
         source.start(state.global_step, resumed_source)?;
@@ -539,7 +533,7 @@ impl Trainer {
         } else {
             ProgressBar::hidden()
         };
-        if self.state.global_step == 0 && self.cfg.validation.val_before_train && root {
+        if self.state.global_step == 0 && self.cfg.validation.val_before_train {
             self.validate(0)?;
         }
         let mut last_metrics = Metrics::new();
@@ -551,7 +545,7 @@ impl Trainer {
                 source: Box::new(e),
             })?;
             let freq = self.cfg.validation.test_freq;
-            if freq > 0 && (step.is_multiple_of(freq) || step == total) && root {
+            if freq > 0 && (step.is_multiple_of(freq) || step == total) {
                 if let Some(v) = self.validate(step)? {
                     metrics.extend(v);
                 }
@@ -619,7 +613,7 @@ impl Trainer {
         if validator.is_empty() {
             return Ok(None);
         }
-        let v = validator.run(step, &self.policy)?;
+        let v = validator.run(step, &self.policy, &*self.comm)?;
         let k = self.cfg.validation.val_n;
         let mut metrics = Metrics::new();
         metrics.insert("val-core/mean@k".into(), v.mean);
@@ -631,9 +625,11 @@ impl Trainer {
         if self.state.best.is_none_or(|(_, b)| v.mean > b) {
             self.state.best = Some((step, v.mean));
             // The best policy goes to the run root once its step is checkpointed.
-            let cand = self.run_dir()?.best_candidate();
-            self.policy.save_hf(&cand)?;
-            write_atomic(&cand.join("step.txt"), format!("{step}\n").as_bytes())?;
+            if self.comm.is_root() {
+                let cand = self.run_dir()?.best_candidate();
+                self.policy.save_hf(&cand)?;
+                write_atomic(&cand.join("step.txt"), format!("{step}\n").as_bytes())?;
+            }
         }
         self.log(&format!(
             "validation at step {step}: mean@{k} = {:.4}",

@@ -1,21 +1,25 @@
 //! Validation mean@k: `val_n` samples of every validation prompt from the policy being trained,
 //! scored by the reward dispatch; the mean reward over all of them and per data source (a failed
-//! reward scores 0).
+//! reward scores 0). On data-parallel ranks each rank generates and scores its share of the
+//! prompts (as the online source shares a step's groups, [`crate::source::share`]) and the
+//! rewards are gathered in prompt order, so every rank computes the numbers one process does.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rlreplay_dist::Collective;
 use rlreplay_model::generate::Decoder;
 use rlreplay_model::Model;
 use rlreplay_reward::RewardDispatch;
 use rlreplay_sampling::chat::ChatTokenizer;
-use rlreplay_sampling::engine::generate;
+use rlreplay_sampling::engine::generate_part;
 use rlreplay_sampling::sampling::SamplingParams;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::prompts::{reward_of, Prompt};
 use crate::source::online::step_seed;
+use crate::source::share;
 
 /// One validation: mean@k over every sample, and per data source.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,21 +79,53 @@ impl Validator {
         self.prompts.is_empty()
     }
 
-    /// Validates `policy` at trainer step `step` (the step seeds the sampling).
-    pub fn run(&self, step: u64, policy: &Model) -> Result<Validation> {
+    /// Validates `policy` at trainer step `step` (the step seeds the sampling) on `comm`'s ranks;
+    /// every rank calls it and gets the same result.
+    pub fn run(&self, step: u64, policy: &Model, comm: &dyn Collective) -> Result<Validation> {
         let params = SamplingParams {
             seed: step_seed(self.seed, step, 2),
             ..self.params.clone()
         };
-        let decoder = Decoder::new(policy)?;
-        let ids: Vec<Vec<u32>> = self.prompts.iter().map(|p| p.ids.clone()).collect();
-        let gens = generate(&decoder, &ids, self.val_n, &params, self.max_batch, |_| {})?;
+        let lens: Vec<usize> = self.prompts.iter().map(|p| p.ids.len()).collect();
+        let max_new = params.max_new_tokens;
+        let mine = share::split(&lens, self.val_n, max_new, comm.world(), comm.rank());
+        let ids: Vec<Vec<u32>> = self.prompts[mine.clone()]
+            .iter()
+            .map(|p| p.ids.clone())
+            .collect();
+        let mut rewards = Vec::new();
+        if !ids.is_empty() {
+            let decoder = Decoder::new(policy)?;
+            let gens = generate_part(
+                &decoder,
+                &ids,
+                mine.start,
+                self.val_n,
+                &params,
+                self.max_batch,
+                |_| {},
+            )?;
+            for g in &gens {
+                let item = &self.prompts[mine.start + g.prompt].item;
+                let text = self.chat.decode(&g.tokens, true)?;
+                let gt = item.ground_truth.as_deref().unwrap_or("");
+                rewards.push(reward_of(&self.rewards.score(&item.data_source, gt, &text)).0);
+            }
+        }
+        // Prompt-major on every rank, the ranks' prompts in order: row `i` is of prompt
+        // `i / val_n`.
+        let rewards = share::share_f64(comm, rewards)?;
+        if rewards.len() != self.prompts.len() * self.val_n {
+            return Err(Error::Ranks(format!(
+                "validation gathered {} rewards for {} prompts of {} samples",
+                rewards.len(),
+                self.prompts.len(),
+                self.val_n
+            )));
+        }
         let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-        for g in &gens {
-            let item = &self.prompts[g.prompt].item;
-            let text = self.chat.decode(&g.tokens, true)?;
-            let gt = item.ground_truth.as_deref().unwrap_or("");
-            let (r, _) = reward_of(&self.rewards.score(&item.data_source, gt, &text));
+        for (i, r) in rewards.iter().enumerate() {
+            let item = &self.prompts[i / self.val_n].item;
             let e = sums.entry(item.data_source.clone()).or_default();
             e.0 += r;
             e.1 += 1;
@@ -100,7 +136,7 @@ impl Validator {
             .map(|(k, (s, n))| (k, s / n.max(1) as f64))
             .collect();
         Ok(Validation {
-            mean: total / gens.len().max(1) as f64,
+            mean: total / rewards.len().max(1) as f64,
             per_source,
         })
     }

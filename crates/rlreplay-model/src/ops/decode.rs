@@ -32,6 +32,21 @@ pub(crate) fn linear(
             dst.len()
         );
     }
+    if rows == 1 {
+        // One row would take gemm's matrix-vector path, which sums in another order than its
+        // matrix kernel: run it as two equal rows so that a sequence's logits are the same bits
+        // whether it runs alone or among others (data-parallel ranks generating parts of a step
+        // sample what one process samples whole).
+        let x2 = [x, x].concat();
+        let mut d2 = if accumulate {
+            [&*dst, &*dst].concat()
+        } else {
+            vec![0f32; 2 * out]
+        };
+        linear(&mut d2, accumulate, &x2, 2, wt, out)?;
+        dst.copy_from_slice(&d2[..out]);
+        return Ok(());
+    }
     let a = MatRef::rows(x, 0, rows, inp, inp);
     let b = MatRef::rows(wt, 0, inp, out, out);
     let parallel = rayon::current_num_threads() > 1 && rows * inp * out >= 1 << 16;
