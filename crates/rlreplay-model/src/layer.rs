@@ -81,7 +81,7 @@ impl<W> Linear<W> {
 impl Linear<Tensor> {
     /// `x·Wᵀ (+ b)` for `x: [T, in]`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let y = ops::linear(x, &self.weight)?;
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -229,7 +229,7 @@ impl DecoderLayer<Tensor> {
         let o = attend(&q, &k, &v)?;
         let x = (x + a.o_proj.forward(&o.reshape((t, hq * d))?)?)?;
         let h = ops::rms_norm(&x, &self.post_attention_layernorm, ctx.eps)?;
-        let linear = |x: &Tensor, w: &Tensor| x.matmul(&w.t()?);
+        let linear = ops::linear;
         let m = ops::swiglu(
             &linear(&h, &self.mlp.gate_proj)?,
             &linear(&h, &self.mlp.up_proj)?,

@@ -341,7 +341,7 @@ impl Model {
         let lp = if self.recompute {
             self.backward_recompute(&packed, grad_logprobs, temperature, &mut fresh)?
         } else {
-            let (lp, _) = self.forward_logprobs(&packed, temperature, false, true)?;
+            let lp = self.forward_for_grad(&packed, temperature, grad_logprobs)?;
             let g = Tensor::new(grad_logprobs, &self.device)?.to_dtype(lp.dtype())?;
             let mut store = (&lp * &g)?.sum_all()?.backward()?;
             let all: Vec<&Var> = self.params.iter().map(|p| &p.var).collect();
@@ -401,12 +401,12 @@ impl Model {
         let top = Var::from_tensor(&x)?;
         drop(x);
         let hidden = self.final_hidden(top.as_tensor(), packed, true)?;
-        let (lp, _) = ops::token_logprobs(
+        let lp = ops::token_logprobs_for_grad(
             &hidden,
             &self.lm_head(true)?,
             &packed.targets,
             temperature,
-            false,
+            grad_logprobs,
         )?;
         let g = Tensor::new(grad_logprobs, &self.device)?.to_dtype(lp.dtype())?;
         let mut store = (&lp * &g)?.sum_all()?.backward()?;
@@ -531,13 +531,18 @@ impl Model {
     /// The final hidden states (after the final norm) of the positions that predict the scored
     /// tokens of `packed`, `[N, H]` in the compute dtype, without an autograd graph.
     pub(crate) fn scoring_hidden(&self, packed: &Packed) -> Result<Tensor> {
+        self.forward_hidden(packed, false)
+    }
+
+    /// The packed forward pass up to the final hidden states of the scored positions, `[N, H]`.
+    fn forward_hidden(&self, packed: &Packed, track: bool) -> Result<Tensor> {
         let tables = self.rope_tables(packed)?;
         let ctx = LayerCtx::new(&self.cfg, &tables);
-        let mut x = self.embed(packed, false)?;
+        let mut x = self.embed(packed, track)?;
         for l in 0..self.layers.len() {
-            x = self.layer_forward(l, &x, &ctx, packed, false)?;
+            x = self.layer_forward(l, &x, &ctx, packed, track)?;
         }
-        self.final_hidden(&x, packed, false)
+        self.final_hidden(&x, packed, track)
     }
 
     /// The packed forward pass up to the response-token log-probs (and entropies).
@@ -548,19 +553,31 @@ impl Model {
         entropy: bool,
         track: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let tables = self.rope_tables(packed)?;
-        let ctx = LayerCtx::new(&self.cfg, &tables);
-        let mut x = self.embed(packed, track)?;
-        for l in 0..self.layers.len() {
-            x = self.layer_forward(l, &x, &ctx, packed, track)?;
-        }
-        let hidden = self.final_hidden(&x, packed, track)?;
+        let hidden = self.forward_hidden(packed, track)?;
         Ok(ops::token_logprobs(
             &hidden,
             &self.lm_head(track)?,
             &packed.targets,
             temperature,
             entropy,
+        )?)
+    }
+
+    /// The packed forward pass with a graph up to the response-token log-probs, for the loss
+    /// `Σ g_t · ℓ_t` with `g_t = grad_logprobs[t]` ([`ops::token_logprobs_for_grad`]).
+    fn forward_for_grad(
+        &self,
+        packed: &Packed,
+        temperature: f64,
+        grad_logprobs: &[f64],
+    ) -> Result<Tensor> {
+        let hidden = self.forward_hidden(packed, true)?;
+        Ok(ops::token_logprobs_for_grad(
+            &hidden,
+            &self.lm_head(true)?,
+            &packed.targets,
+            temperature,
+            grad_logprobs,
         )?)
     }
 }

@@ -242,6 +242,47 @@ fn token_logprobs_matches_reference_and_finite_differences() {
 }
 
 #[test]
+fn token_logprobs_for_grad_matches_reference_and_finite_differences() {
+    // `check` weights the output by `data(n, 99.0, 2.0)`: the gradient given up front, so the
+    // gradients come from the forward pass; `check`'s finite differences run the forward alone.
+    let (n, v, h) = (21, 40, 12);
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % v as u32).collect();
+    let weights = data(n, 99.0, 2.0);
+    let mut inputs = [
+        input(&[n, h], 9.0, 3.0, true),
+        input(&[v, h], 10.0, 3.0, true),
+    ];
+    check(
+        "token_logprobs_for_grad",
+        &|x| ops::token_logprobs_for_grad(&x[0], &x[1], &targets, 0.7, &weights),
+        &|x| Ok(composite::token_logprobs(&x[0], &x[1], &targets, 0.7, false, 8)?.0),
+        &mut inputs,
+    );
+    // Another upstream gradient than the one given: backpropagated by recomputing.
+    let other = vec![0.5; n];
+    check(
+        "token_logprobs_for_grad, other upstream",
+        &|x| ops::token_logprobs_for_grad(&x[0], &x[1], &targets, 0.7, &other),
+        &|x| Ok(composite::token_logprobs(&x[0], &x[1], &targets, 0.7, false, 8)?.0),
+        &mut inputs,
+    );
+}
+
+#[test]
+fn linear_matches_reference_and_finite_differences() {
+    let mut inputs = [
+        input(&[13, 9], 11.0, 2.0, true),
+        input(&[6, 9], 12.0, 2.0, true),
+    ];
+    check(
+        "linear",
+        &|t| ops::linear(&t[0], &t[1]),
+        &|t| t[0].matmul(&t[1].t()?),
+        &mut inputs,
+    );
+}
+
+#[test]
 fn packed_attention_equals_each_sequence_alone() {
     let offsets = [0, 5, 75, 90];
     let (t, hq, hkv, d) = (90, 6, 2, 4);

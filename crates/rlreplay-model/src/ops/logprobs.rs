@@ -2,16 +2,27 @@
 //! the forward pass walks `[rows × vocab block]` tiles with an online logsumexp and keeps three
 //! numbers per token; the backward pass recomputes each tile's logits and turns them into the
 //! gradients of the hidden states and of the lm_head in place.
+//!
+//! When the upstream gradient `g_t` of every log-prob is known before the forward pass (training:
+//! the loss is `Σ g_t · logp_t`), [`TokenLogProbs::with_grad`] computes the gradients in the
+//! forward pass itself, a chunk of `[rows × V]` logits at a time (three lm_head gemms, as a
+//! framework that keeps the whole logits, instead of four), and the backward pass hands them on
+//! when its upstream gradient is that `g` (it recomputes them for any other).
 
 use super::cpu::{c, gemm, slice, storage, tensor, with_slices, MatRef, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::sync::Mutex;
 
 /// Rows (tokens) per tile.
 const TILE_ROWS: usize = 1024;
 /// Elements per logits tile (32 MiB in f32).
 const TILE_ELEMS: usize = 1 << 23;
+/// Fewest rows per `[rows × V]` logits chunk of the fused forward+backward pass (otherwise as
+/// many as fit in [`TILE_ELEMS`]): enough that the `dW += dzᵀ · h` update of every chunk, which
+/// reads and writes all of `dW`, is bound by arithmetic rather than memory.
+const FUSED_MIN_ROWS: usize = 256;
 
 /// Output columns per token.
 pub(crate) const COLS: usize = 3;
@@ -32,6 +43,19 @@ pub(crate) struct TokenLogProbs {
     pub entropy: bool,
     /// Tile size `(rows, elements)`; the defaults [`TILE_ROWS`], [`TILE_ELEMS`] outside tests.
     pub tile: (usize, usize),
+    /// The gradients computed in the forward pass, when the upstream gradient is given.
+    pub fused: Option<FusedGrad>,
+}
+
+/// The gradient of `Σ g_t · logp_t` computed during the forward pass.
+pub(crate) struct FusedGrad {
+    /// `g_t` of every row.
+    grad: Vec<f64>,
+    /// `(fewest rows, elements)` of a logits chunk; [`FUSED_MIN_ROWS`], [`TILE_ELEMS`] outside
+    /// tests.
+    chunk: (usize, usize),
+    /// `(d hidden, d lm_head)`, written by the forward pass and taken by the backward pass.
+    grads: Mutex<Option<(Tensor, Tensor)>>,
 }
 
 impl TokenLogProbs {
@@ -42,6 +66,22 @@ impl TokenLogProbs {
             temperature,
             entropy,
             tile: (TILE_ROWS, TILE_ELEMS),
+            fused: None,
+        }
+    }
+
+    /// The op that also computes, in its forward pass, the gradients of `Σ g_t · logp_t` with
+    /// `g_t = grad[t]`, and hands them on in the backward pass when the upstream gradient of the
+    /// log-probs is `g` (and zero for the other columns); any other upstream gradient is
+    /// backpropagated by recomputing the logits, as without `grad`.
+    pub(crate) fn with_grad(targets: Vec<u32>, temperature: f64, grad: Vec<f64>) -> Self {
+        Self {
+            fused: Some(FusedGrad {
+                grad,
+                chunk: (FUSED_MIN_ROWS, TILE_ELEMS),
+                grads: Mutex::new(None),
+            }),
+            ..Self::new(targets, temperature, false)
         }
     }
 
@@ -64,6 +104,18 @@ struct RowState<T> {
     target: T,
 }
 
+impl<T: Real> RowState<T> {
+    /// The state before any logit.
+    fn new() -> Self {
+        Self {
+            max: T::neg_infinity(),
+            sum: T::zero(),
+            sum_z: T::zero(),
+            target: T::zero(),
+        }
+    }
+}
+
 impl TokenLogProbs {
     fn fwd<T: Real>(&self, hid: &[T], w: &[T], h: usize) -> Result<Vec<T>> {
         let n = self.targets.len();
@@ -72,67 +124,140 @@ impl TokenLogProbs {
         let inv_t: T = c(1.0 / self.temperature);
         let mut logits = vec![T::zero(); tr * tv];
         let mut out = vec![T::zero(); n * COLS];
-        let init = RowState {
-            max: T::neg_infinity(),
-            sum: T::zero(),
-            sum_z: T::zero(),
-            target: T::zero(),
-        };
         for r0 in (0..n).step_by(tr) {
             let rows = tr.min(n - r0);
-            let mut state = vec![init; rows];
+            let mut state = vec![RowState::new(); rows];
             let targets = &self.targets[r0..r0 + rows];
             for v0 in (0..vocab).step_by(tv) {
                 let cols = tv.min(vocab - v0);
                 let hm = MatRef::rows(hid, r0 * h, rows, h, h);
                 let wm = MatRef::rows(w, v0 * h, cols, h, h);
                 gemm(&mut logits, 0, cols, false, hm, wm.t(), inv_t, true)?;
-                logits[..rows * cols]
-                    .par_chunks(cols)
-                    .zip(state.par_iter_mut().zip(targets))
-                    .for_each_init(Vec::new, |e, (z, (st, &tgt))| {
-                        let bmax = z
-                            .iter()
-                            .fold(T::neg_infinity(), |m, &x| num_traits::Float::max(m, x));
-                        let m = num_traits::Float::max(st.max, bmax);
-                        let rescale = (st.max - m).exp();
-                        // e = exp(z - m), vectorised.
-                        e.clear();
-                        e.extend(z.iter().map(|&x| x - m));
-                        T::exp_in_place(e);
-                        let (mut s, mut sz) = (T::zero(), T::zero());
-                        if self.entropy {
-                            for (&e, &x) in e.iter().zip(z) {
-                                s += e;
-                                sz += e * x;
-                            }
-                        } else {
-                            for &e in e.iter() {
-                                s += e;
-                            }
-                        }
-                        st.sum = st.sum * rescale + s;
-                        st.sum_z = st.sum_z * rescale + sz;
-                        st.max = m;
-                        let t = tgt as usize;
-                        if (v0..v0 + cols).contains(&t) {
-                            st.target = z[t - v0];
-                        }
-                    });
+                let z = &logits[..rows * cols];
+                self.online_update(z, cols, 0, v0, cols, &mut state, targets);
             }
-            for (o, st) in out[r0 * COLS..(r0 + rows) * COLS]
-                .chunks_exact_mut(COLS)
-                .zip(&state)
-            {
-                let lse = st.max + st.sum.ln();
-                o[COL_LOGP] = st.target - lse;
-                if self.entropy {
-                    o[COL_ENTROPY] = lse - st.sum_z / st.sum;
-                }
-                o[COL_LSE] = lse;
-            }
+            self.finish(&state, &mut out[r0 * COLS..(r0 + rows) * COLS]);
         }
         Ok(out)
+    }
+
+    /// Folds the logits of vocabulary entries `v0..v0 + cols` into the running state of each row;
+    /// row `r`'s logits are `z[r * ld + col0..r * ld + col0 + cols]`.
+    #[allow(clippy::too_many_arguments)]
+    fn online_update<T: Real>(
+        &self,
+        z: &[T],
+        ld: usize,
+        col0: usize,
+        v0: usize,
+        cols: usize,
+        state: &mut [RowState<T>],
+        targets: &[u32],
+    ) {
+        z.par_chunks(ld)
+            .zip(state.par_iter_mut().zip(targets))
+            .for_each_init(Vec::new, |e, (z, (st, &tgt))| {
+                let z = &z[col0..col0 + cols];
+                let bmax = z
+                    .iter()
+                    .fold(T::neg_infinity(), |m, &x| num_traits::Float::max(m, x));
+                let m = num_traits::Float::max(st.max, bmax);
+                let rescale = (st.max - m).exp();
+                // e = exp(z - m), vectorised.
+                e.clear();
+                e.extend(z.iter().map(|&x| x - m));
+                T::exp_in_place(e);
+                let (mut s, mut sz) = (T::zero(), T::zero());
+                if self.entropy {
+                    for (&e, &x) in e.iter().zip(z) {
+                        s += e;
+                        sz += e * x;
+                    }
+                } else {
+                    for &e in e.iter() {
+                        s += e;
+                    }
+                }
+                st.sum = st.sum * rescale + s;
+                st.sum_z = st.sum_z * rescale + sz;
+                st.max = m;
+                let t = tgt as usize;
+                if (v0..v0 + cols).contains(&t) {
+                    st.target = z[t - v0];
+                }
+            });
+    }
+
+    /// Writes the `[rows, 3]` output of the finished row states.
+    fn finish<T: Real>(&self, state: &[RowState<T>], out: &mut [T]) {
+        for (o, st) in out.chunks_exact_mut(COLS).zip(state) {
+            let lse = st.max + st.sum.ln();
+            o[COL_LOGP] = st.target - lse;
+            if self.entropy {
+                o[COL_ENTROPY] = lse - st.sum_z / st.sum;
+            }
+            o[COL_LSE] = lse;
+        }
+    }
+
+    /// The forward pass with the gradients of `Σ g_t · logp_t` (`g_t = grad[t]`): per chunk of
+    /// rows, the `[rows, V]` logits tile by tile (the same tiles and online logsumexp as
+    /// [`Self::fwd`], so the outputs are the same), then their gradient in place, `dh = dz · W`
+    /// and `dW += dzᵀ · h`. Returns `(out, dh, dW)`.
+    fn fwd_fused<T: Real>(
+        &self,
+        hid: &[T],
+        w: &[T],
+        h: usize,
+        fused: &FusedGrad,
+    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+        let n = self.targets.len();
+        let vocab = w.len() / h.max(1);
+        let (_, tv) = self.tile(n, vocab);
+        let (min_rows, elems) = fused.chunk;
+        let chunk = (elems / vocab.max(1)).max(min_rows).clamp(1, n.max(1));
+        let inv_t: T = c(1.0 / self.temperature);
+        let mut z = vec![T::zero(); chunk * vocab];
+        let mut out = vec![T::zero(); n * COLS];
+        let mut dh = vec![T::zero(); hid.len()];
+        let mut dw = vec![T::zero(); w.len()];
+        let wall = MatRef::rows(w, 0, vocab, h, h);
+        let mut first = true;
+        for r0 in (0..n).step_by(chunk) {
+            let rows = chunk.min(n - r0);
+            let mut state = vec![RowState::new(); rows];
+            let targets = &self.targets[r0..r0 + rows];
+            let hm = MatRef::rows(hid, r0 * h, rows, h, h);
+            let z = &mut z[..rows * vocab];
+            for v0 in (0..vocab).step_by(tv) {
+                let cols = tv.min(vocab - v0);
+                let wm = MatRef::rows(w, v0 * h, cols, h, h);
+                gemm(z, v0, vocab, false, hm, wm.t(), inv_t, true)?;
+                self.online_update(z, vocab, v0, v0, cols, &mut state, targets);
+            }
+            let out = &mut out[r0 * COLS..(r0 + rows) * COLS];
+            self.finish(&state, out);
+            let g: Vec<T> = fused.grad[r0..r0 + rows].iter().map(|&g| c(g)).collect();
+            if g.iter().all(|&g| g == T::zero()) {
+                continue;
+            }
+            z.par_chunks_mut(vocab)
+                .zip(g.par_iter().zip(out.par_chunks(COLS)).zip(targets))
+                .for_each(|(z, ((&gl, o), &tgt))| {
+                    // z becomes the probabilities, then the gradient of the logits (as in
+                    // `bwd_t` without an entropy gradient).
+                    let lse = o[COL_LSE];
+                    z.iter_mut().for_each(|x| *x -= lse);
+                    T::exp_in_place(z);
+                    z.iter_mut().for_each(|x| *x = -(gl * *x) * inv_t);
+                    z[tgt as usize] += gl * inv_t;
+                });
+            let dzm = MatRef::rows(z, 0, rows, vocab, vocab);
+            gemm(&mut dh, r0 * h, h, false, dzm, wall, T::one(), true)?;
+            gemm(&mut dw, 0, h, !first, dzm.t(), hm, T::one(), true)?;
+            first = false;
+        }
+        Ok((out, dh, dw))
     }
 
     /// Gradients of the hidden states and of the lm_head given `res` and `grad` (`[N, 3]`).
@@ -213,19 +338,30 @@ impl CustomOp2 for TokenLogProbs {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let n = self.name();
-        let h = l1.dims()[1];
-        let shape = (self.targets.len(), COLS);
+        fn run<T: Real>(
+            op: &TokenLogProbs,
+            (s1, l1): (&CpuStorage, &Layout),
+            (s2, l2): (&CpuStorage, &Layout),
+        ) -> Result<(CpuStorage, Shape)> {
+            let n = op.name();
+            let (hid, w) = (slice::<T>(n, s1, l1)?, slice::<T>(n, s2, l2)?);
+            let h = l1.dims()[1];
+            let shape = (op.targets.len(), COLS);
+            let Some(fused) = &op.fused else {
+                return Ok(storage(op.fwd(hid, w, h)?, shape));
+            };
+            let (out, dh, dw) = op.fwd_fused(hid, w, h, fused)?;
+            let grads = (tensor(dh, l1.shape())?, tensor(dw, l2.shape())?);
+            *fused
+                .grads
+                .lock()
+                .map_err(|_| candle_core::Error::Msg(format!("{n}: poisoned lock")))? = Some(grads);
+            Ok(storage(out, shape))
+        }
         match s1 {
-            CpuStorage::F32(_) => Ok(storage(
-                self.fwd::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?, h)?,
-                shape,
-            )),
-            CpuStorage::F64(_) => Ok(storage(
-                self.fwd::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?, h)?,
-                shape,
-            )),
-            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
+            CpuStorage::F32(_) => run::<f32>(self, (s1, l1), (s2, l2)),
+            CpuStorage::F64(_) => run::<f64>(self, (s1, l1), (s2, l2)),
+            _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
         }
     }
 
@@ -240,6 +376,9 @@ impl CustomOp2 for TokenLogProbs {
             op: &TokenLogProbs,
             [hid, w, res, g]: [&Tensor; 4],
         ) -> Result<(Tensor, Tensor)> {
+            if let Some(grads) = op.fused_grads::<T>(g)? {
+                return Ok(grads);
+            }
             let h = hid.dims()[1];
             let (dh, dw) = with_slices::<T, _>(op.name(), &[hid, w, res, g], |s| {
                 op.bwd_t(s[0], s[1], s[2], s[3], h)
@@ -253,6 +392,33 @@ impl CustomOp2 for TokenLogProbs {
             dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
         };
         Ok((Some(dh), Some(dw)))
+    }
+}
+
+impl TokenLogProbs {
+    /// The gradients the fused forward pass computed, when the upstream gradient `grad`
+    /// (`[N, 3]`) is exactly the `g` they were computed for (zero in the entropy and logsumexp
+    /// columns); `None` otherwise, or when they were already handed on.
+    fn fused_grads<T: Real>(&self, grad: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(fused) = &self.fused else {
+            return Ok(None);
+        };
+        let matches = with_slices::<T, _>(self.name(), &[grad], |s| {
+            Ok(s[0].len() == fused.grad.len() * COLS
+                && s[0].chunks_exact(COLS).zip(&fused.grad).all(|(u, &g)| {
+                    u[COL_LOGP] == c::<T>(g)
+                        && u[COL_ENTROPY] == T::zero()
+                        && u[COL_LSE] == T::zero()
+                }))
+        })?;
+        if !matches {
+            return Ok(None);
+        }
+        let mut guard = fused
+            .grads
+            .lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{}: poisoned lock", self.name())))?;
+        Ok(guard.take())
     }
 }
 
@@ -310,6 +476,64 @@ mod tests {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
                 assert!((x - y).abs() < 1e-11, "output {k}[{i}]: {x} vs {y}");
             }
+        }
+    }
+
+    /// The fused forward+backward gives the plain op's log-probs bit for bit and its gradients,
+    /// over several row chunks (one of them with zero weights) and vocabulary tiles; an upstream
+    /// gradient other than the one it was given is backpropagated by recomputing, exactly as
+    /// without the fusion.
+    #[test]
+    fn fused_gradients_match_the_recomputing_backward() {
+        let (n, vocab, h) = (23, 37, 5);
+        let val = |i: usize, seed: f64| (i as f64 * 0.37 + seed).sin() * 1.7;
+        let hid: Vec<f64> = (0..n * h).map(|i| val(i, 1.0)).collect();
+        let w: Vec<f64> = (0..vocab * h).map(|i| val(i, 2.0)).collect();
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 11 + 5) % vocab as u32).collect();
+        let gl: Vec<f64> = (0..n)
+            .map(|i| if i < 5 { 0.0 } else { val(i, 3.0) })
+            .collect();
+        let dev = Device::Cpu;
+        let run = |fused: bool, upstream: f64| -> Result<Vec<Vec<f64>>> {
+            let hv = Var::from_vec(hid.clone(), (n, h), &dev)?;
+            let wv = Var::from_vec(w.clone(), (vocab, h), &dev)?;
+            let plain = TokenLogProbs {
+                tile: (7, 7 * 10),
+                ..TokenLogProbs::new(targets.clone(), 1.3, false)
+            };
+            let op = if fused {
+                TokenLogProbs {
+                    fused: Some(FusedGrad {
+                        grad: gl.clone(),
+                        chunk: (5, 4 * vocab),
+                        grads: Mutex::new(None),
+                    }),
+                    ..plain
+                }
+            } else {
+                plain
+            };
+            let out = hv.as_tensor().apply_op2(wv.as_tensor(), op)?;
+            let lp = out.narrow(1, COL_LOGP, 1)?.squeeze(1)?;
+            let g = (Tensor::new(gl.as_slice(), &dev)? * upstream)?;
+            let grads = (&lp * g)?.sum_all()?.backward()?;
+            let flat = |t: &Tensor| t.flatten_all()?.to_vec1::<f64>();
+            let gh = grads.get(hv.as_tensor()).expect("hidden gradient");
+            let gw = grads.get(wv.as_tensor()).expect("lm_head gradient");
+            Ok(vec![flat(&lp)?, flat(gh)?, flat(gw)?])
+        };
+        for upstream in [1.0, -0.5] {
+            let (fused, plain) = (run(true, upstream).unwrap(), run(false, upstream).unwrap());
+            assert_eq!(fused[0], plain[0], "log-probs");
+            for (k, (a, b)) in fused.iter().zip(&plain).enumerate().skip(1) {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (x - y).abs() < 1e-12,
+                        "{upstream}: gradient {k}[{i}]: {x} vs {y}"
+                    );
+                }
+            }
+            assert!(fused[1][..5 * h].iter().all(|&x| x == 0.0));
         }
     }
 }

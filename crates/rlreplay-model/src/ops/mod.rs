@@ -13,6 +13,7 @@ mod blockwise;
 pub mod composite;
 mod cpu;
 pub(crate) mod decode;
+mod linear;
 mod logprobs;
 mod norm;
 mod rope;
@@ -117,6 +118,17 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             .apply_op2(&up.contiguous()?, swiglu::SwiGlu)
     } else {
         composite::swiglu(gate, up)
+    }
+}
+
+/// The projection `x · Wᵀ` for `x: [T, in]` and `weight: [out, in]`: on the CPU (f32, f64) one
+/// gemm forward and two backward, straight into `dx` and `dW`; elsewhere candle's matmul.
+pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    if x.rank() == 2 && weight.rank() == 2 && kernel_applies(&[x, weight]) {
+        x.contiguous()?
+            .apply_op2(&weight.contiguous()?, linear::Linear)
+    } else {
+        x.matmul(&weight.t()?)
     }
 }
 
@@ -273,6 +285,34 @@ pub fn token_logprobs(
         want_entropy,
         LOGPROB_CHUNK,
     )
+}
+
+/// [`token_logprobs`] without entropy, for a loss `Σ g_t · logp_t` whose weights `g_t` =
+/// `grad[t]` are known before the forward pass (training). The CPU kernel then computes the
+/// gradients of that loss in the forward pass, one chunk of `[rows × V]` logits at a time (three
+/// lm_head gemms instead of four), and the backward pass hands them on when the upstream gradient
+/// of the log-probs is `grad`; for any other upstream gradient it backpropagates as
+/// [`token_logprobs`] does. Elsewhere it is [`token_logprobs`].
+pub fn token_logprobs_for_grad(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &[u32],
+    temperature: f64,
+    grad: &[f64],
+) -> Result<Tensor> {
+    let n = check_logprobs(hidden, lm_head, targets, temperature)?;
+    if grad.len() != n {
+        bail!(
+            "token_logprobs: {} gradients for {n} hidden rows",
+            grad.len()
+        );
+    }
+    if n == 0 || blockwise_applies(hidden) || !kernel_applies(&[hidden, lm_head]) {
+        return Ok(token_logprobs(hidden, lm_head, targets, temperature, false)?.0);
+    }
+    let op = logprobs::TokenLogProbs::with_grad(targets.to_vec(), temperature, grad.to_vec());
+    let out = hidden.contiguous()?.apply_op2(&lm_head.contiguous()?, op)?;
+    Ok(head_columns(&out, false)?.0)
 }
 
 /// [`packed_causal_attention`] through the blockwise op that runs on CUDA, on any device, with at
