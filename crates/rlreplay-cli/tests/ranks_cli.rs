@@ -646,3 +646,77 @@ fn online_remote_on_two_ranks_is_the_local_run() {
     assert!(remote.join("weights/step_4/STABLE").is_file());
     server.shutdown();
 }
+
+#[test]
+fn zero_1_in_bf16_shards_the_master_weights_and_gives_the_weights_of_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(
+        tmp.path(),
+        3,
+        4,
+        "[algorithm]\nadv_estimator = \"maxrl\"\nloss_mode = \"reinforce\"\n\
+         [batch]\nppo_mini_batch_size = 2\nmax_tokens_per_micro_batch = 160\n\
+         [model]\ndtype = \"bf16\"\n",
+    );
+    // bf16 compute with f32 masters: two ranks without sharding are one process, bit for bit.
+    let (one, two) = one_and_two(tmp.path(), &cfg);
+    same_bits(&one, &two);
+    let cfg = cfg.to_string_lossy();
+    let shard = "optim.shard_optimizer_state=true";
+    // Sharded masters and moments on two ranks, resumed on two ranks, then on one process
+    // without sharding; and a one-process checkpoint resumed on two sharded ranks.
+    let zero = tmp.path().join("zero");
+    let zero_s = zero.to_string_lossy();
+    let start = [
+        "replay", "--config", &cfg, "--out", &zero_s, "--quiet", "--set", shard,
+    ];
+    ok(&ranks(2, &[&start[..], &["--stop-after", "1"]].concat()));
+    let more = [
+        "replay", "--out", &zero_s, "--resume", "--quiet", "--set", shard,
+    ];
+    ok(&ranks(2, &[&more[..], &["--stop-after", "2"]].concat()));
+    let unsharded = "optim.shard_optimizer_state=false";
+    ok(&single(&[
+        "replay", "--out", &zero_s, "--resume", "--quiet", "--set", unsharded,
+    ]));
+    same_bits(&one, &zero);
+    let from1 = tmp.path().join("from1");
+    let from1_s = from1.to_string_lossy();
+    ok(&single(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &from1_s,
+        "--quiet",
+        "--stop-after",
+        "1",
+    ]));
+    ok(&ranks(
+        2,
+        &[
+            "replay", "--out", &from1_s, "--resume", "--quiet", "--set", shard,
+        ],
+    ));
+    same_bits(&one, &from1);
+
+    // Each rank holds about half of the f32 masters (whole tensors) and bf16 replicas of the
+    // rest; one process holds them all.
+    let log = std::fs::read_to_string(zero.join("run.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("sharded master weights"))
+        .unwrap_or_else(|| panic!("no line on the sharded masters in {log}"));
+    let share = |r: usize| -> f64 {
+        let key = format!("rank {r} holds ");
+        let at = line.find(&key).expect(line) + key.len();
+        line[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let (a, b) = (share(0), share(1));
+    eprintln!("{line}");
+    assert!((a + b - 100.0).abs() < 0.2, "{line}");
+    assert!(a.max(b) < 60.0, "{line}");
+    assert!(line.contains("bf16 replicas of the rest"), "{line}");
+    let log = std::fs::read_to_string(two.join("run.log")).unwrap();
+    assert!(!log.contains("sharded master weights"), "{log}");
+}

@@ -276,7 +276,16 @@ impl Model {
         }
 
         let mut tensors: Vec<(String, Tensor)> = Vec::with_capacity(self.params().len());
-        for p in self.params() {
+        for (i, p) in self.params().iter().enumerate() {
+            if !self.holds_master(i) && store != self.compute_dtype() {
+                return Err(Error::Checkpoint(format!(
+                    "{}: this model holds only the {:?} replica of the weight, not its master \
+                     (dropped by a data-parallel rank that does not own it); restore the \
+                     master before saving it as {store:?}",
+                    p.name,
+                    self.compute_dtype()
+                )));
+            }
             tensors.push((p.name.clone(), p.var.as_detached_tensor().to_dtype(store)?));
         }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));

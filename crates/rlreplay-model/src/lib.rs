@@ -45,7 +45,7 @@ pub use config::{Architecture, ModelConfig};
 pub use device::{memory_peak, parse_device, reset_memory_peak};
 pub use memory::{available_memory, MemoryEstimate, Workload};
 pub use mixed::mixed_logprobs;
-pub use model::{Model, Param, TokenLogProbs};
+pub use model::{HeldWeights, Model, Param, TokenLogProbs};
 pub use optim::{AdamW, AdamWConfig, LrSchedule, StepReport};
 pub use pack::{micro_batches, SeqPair};
 

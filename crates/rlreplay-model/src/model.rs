@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
 use candle_core::{DType, Device, Tensor, TensorId, Var};
 use rand::SeedableRng;
@@ -22,8 +23,20 @@ const INIT_STD: f64 = 0.02;
 pub struct Param {
     /// Hugging Face tensor name, e.g. `model.layers.0.mlp.up_proj.weight`.
     pub name: String,
-    /// The master weight (f32, or f64 for an f64 model).
+    /// The master weight (f32, or f64 for an f64 model), or its compute-dtype replica where the
+    /// master was dropped ([`Model::drop_master`]).
     pub var: Var,
+}
+
+/// The weights a [`Model`] holds, in bytes: the master weights (f32) and the compute-dtype
+/// replicas of the parameters whose masters were dropped ([`Model::drop_master`]). The
+/// compute-dtype casts of the masters that a pass makes are not counted: they live for the pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeldWeights {
+    /// Bytes of master weights.
+    pub masters: u64,
+    /// Bytes of compute-dtype replicas.
+    pub replicas: u64,
 }
 
 /// Per-token log-probs (and entropies) of the response tokens, one vector per input pair.
@@ -52,6 +65,10 @@ pub struct Model {
     device: Device,
     source_dir: Option<PathBuf>,
     recompute: bool,
+    /// The graph leaves made for the replicas a tracked pass uses, with their parameter index:
+    /// one leaf per use, so that each use's gradient reaches the master dtype on its own, as
+    /// through the cast of a master.
+    taps: Mutex<Vec<(usize, Var)>>,
 }
 
 /// The master dtype used for a compute dtype: f64 for f64, f32 otherwise.
@@ -121,6 +138,7 @@ impl Model {
             device: device.clone(),
             source_dir,
             recompute: false,
+            taps: Mutex::new(Vec::new()),
         })
     }
 
@@ -199,6 +217,170 @@ impl Model {
     /// Every trainable parameter, in Hugging Face order.
     pub fn params(&self) -> &[Param] {
         &self.params
+    }
+
+    /// Whether parameter `i` holds its master weight; `false` once [`Model::drop_master`] kept
+    /// only its compute-dtype replica.
+    pub fn holds_master(&self, i: usize) -> bool {
+        self.params.get(i).is_some_and(|p| !self.is_replica(&p.var))
+    }
+
+    /// Drops the master weight of parameter `i` and keeps its cast to the compute dtype (a
+    /// replica) instead: for a data-parallel rank that does not update this parameter itself and
+    /// only computes with it (ZeRO with sharded master weights). Passes, log-probs and gradients
+    /// are the same bits as with the master, and the gradient stays in the master dtype; the
+    /// optimizer must not update the parameter while it is a replica (a replica holds no
+    /// gradient after an optimizer's step either way: the owner updates it and sends the cast,
+    /// [`Model::set_weight_bytes`]). [`Model::set_weight`] with master-dtype values restores the
+    /// master. Refused when the compute dtype is the master dtype (f32, f64): the masters are
+    /// the compute weights then, and there is nothing to save.
+    pub fn drop_master(&mut self, i: usize) -> Result<()> {
+        if self.compute_dtype == self.master_dtype() {
+            return Err(Error::Input(format!(
+                "the master weights of a {:?} model are its compute weights: there is no \
+                 replica to keep instead",
+                self.compute_dtype
+            )));
+        }
+        let p = self.param(i)?;
+        if self.is_replica(&p.var) {
+            return Ok(());
+        }
+        let replica = p.var.as_detached_tensor().to_dtype(self.compute_dtype)?;
+        self.set_weight(i, &replica)
+    }
+
+    /// Sets the weight of parameter `i` (of its shape): values in the master dtype make it the
+    /// parameter's master weight (restoring a dropped one), values in the compute dtype its
+    /// replica (dropping the master, as [`Model::drop_master`]). The gradient buffer is left as
+    /// it is.
+    pub fn set_weight(&mut self, i: usize, values: &Tensor) -> Result<()> {
+        let p = self.param(i)?.clone();
+        if values.shape() != p.var.shape() {
+            return Err(Error::Input(format!(
+                "{}: shape {:?} given for a weight of shape {:?}",
+                p.name,
+                values.dims(),
+                p.var.dims()
+            )));
+        }
+        let dtype = values.dtype();
+        if dtype != self.master_dtype() && dtype != self.compute_dtype {
+            return Err(Error::Input(format!(
+                "{}: {dtype:?} values for a model of {:?} masters computing in {:?}",
+                p.name,
+                self.master_dtype(),
+                self.compute_dtype
+            )));
+        }
+        if dtype == p.var.dtype() {
+            p.var.set(values)?;
+            return Ok(());
+        }
+        let new = Var::from_tensor(&values.detach())?;
+        let old = p.var.as_tensor().id();
+        let swap = |v: &Var| {
+            if v.as_tensor().id() == old {
+                new.clone()
+            } else {
+                v.clone()
+            }
+        };
+        self.embed_tokens = swap(&self.embed_tokens);
+        self.norm = swap(&self.norm);
+        self.lm_head = self.lm_head.as_ref().map(swap);
+        self.layers = self
+            .layers
+            .iter()
+            .map(|l| l.map(|v| Ok(swap(v))))
+            .collect::<Result<_>>()?;
+        self.index.remove(&old);
+        self.index.insert(new.as_tensor().id(), i);
+        self.params[i].var = new;
+        Ok(())
+    }
+
+    /// The weight of parameter `i` cast to `dtype` (f32, f64, bf16 or f16), as little-endian
+    /// bytes (to send it to other processes).
+    pub fn weight_bytes(&self, i: usize, dtype: DType) -> Result<Vec<u8>> {
+        let t = self
+            .param(i)?
+            .var
+            .as_detached_tensor()
+            .to_dtype(dtype)?
+            .flatten_all()?;
+        Ok(match dtype {
+            DType::F32 => t
+                .to_vec1::<f32>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            DType::F64 => t
+                .to_vec1::<f64>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            DType::BF16 => t
+                .to_vec1::<half::bf16>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            DType::F16 => t
+                .to_vec1::<half::f16>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            other => {
+                return Err(Error::Input(format!(
+                    "weights are sent as f32, f64, bf16 or f16, not {other:?}"
+                )))
+            }
+        })
+    }
+
+    /// [`Model::set_weight`] from the little-endian bytes of `dtype` values that
+    /// [`Model::weight_bytes`] made.
+    pub fn set_weight_bytes(&mut self, i: usize, dtype: DType, bytes: &[u8]) -> Result<()> {
+        let p = self.param(i)?;
+        let want = p.var.elem_count() * dtype.size_in_bytes();
+        if bytes.len() != want {
+            return Err(Error::Input(format!(
+                "{}: {} bytes for {} {dtype:?} values ({want} bytes)",
+                p.name,
+                bytes.len(),
+                p.var.elem_count()
+            )));
+        }
+        let t = Tensor::from_raw_buffer(bytes, dtype, p.var.dims(), &self.device)?;
+        self.set_weight(i, &t)
+    }
+
+    /// The bytes of master weights and of replicas this model holds.
+    pub fn held_weights(&self) -> HeldWeights {
+        let mut held = HeldWeights::default();
+        for p in &self.params {
+            let bytes = (p.var.elem_count() * p.var.dtype().size_in_bytes()) as u64;
+            if self.is_replica(&p.var) {
+                held.replicas += bytes;
+            } else {
+                held.masters += bytes;
+            }
+        }
+        held
+    }
+
+    /// Whether `var` is a replica (its dtype is not the master dtype).
+    fn is_replica(&self, var: &Var) -> bool {
+        var.dtype() != self.master_dtype()
+    }
+
+    fn param(&self, i: usize) -> Result<&Param> {
+        self.params.get(i).ok_or_else(|| {
+            Error::Input(format!(
+                "parameter {i} does not exist ({} parameters)",
+                self.params.len()
+            ))
+        })
     }
 
     /// The decoder layers' master weights, by name.
@@ -337,6 +519,10 @@ impl Model {
         if packed.targets.is_empty() {
             return Ok(packed.split::<f64>(&[]));
         }
+        self.taps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         let mut fresh = vec![None; self.params.len()];
         let lp = if self.recompute {
             self.backward_recompute(&packed, grad_logprobs, temperature, &mut fresh)?
@@ -366,15 +552,27 @@ impl Model {
         vars: impl IntoIterator<Item = &'v Var>,
         out: &mut [Option<Tensor>],
     ) -> Result<()> {
-        for var in vars {
-            let i = self.index[&var.as_tensor().id()];
-            let grad = store
-                .remove(var.as_tensor())
-                .ok_or_else(|| no_gradient(&self.params[i].name))?;
+        let mut add = |i: usize, grad: Tensor| -> Result<()> {
             out[i] = Some(match out[i].take() {
                 Some(a) => (a + grad)?,
                 None => grad,
             });
+            Ok(())
+        };
+        for var in vars.into_iter().filter(|v| !self.is_replica(v)) {
+            let i = self.index[&var.as_tensor().id()];
+            let grad = store
+                .remove(var.as_tensor())
+                .ok_or_else(|| no_gradient(&self.params[i].name))?;
+            add(i, grad)?;
+        }
+        let taps = std::mem::take(&mut *self.taps.lock().unwrap_or_else(PoisonError::into_inner));
+        for (i, leaf) in taps {
+            let grad = store
+                .remove(leaf.as_tensor())
+                .ok_or_else(|| no_gradient(&self.params[i].name))?;
+            // What the cast of a master hands its master: `0 + g` in the master dtype.
+            add(i, grad.to_dtype(self.master_dtype())?.affine(1.0, 0.0)?)?;
         }
         Ok(())
     }
@@ -438,8 +636,22 @@ impl Model {
         Packed::new(pairs, self.cfg.vocab_size, self.cfg.max_position_embeddings)
     }
 
-    /// A master weight in the compute dtype, tracked by autograd when `track`.
+    /// A master weight (or a replica) in the compute dtype, tracked by autograd when `track`.
     fn weight(&self, var: &Var, track: bool) -> Result<Tensor> {
+        if self.is_replica(var) {
+            if !track {
+                return Ok(var.as_detached_tensor());
+            }
+            // A leaf of its own for this use (a copy, as a master's cast is one), whose
+            // gradient collect_grads brings to the master dtype.
+            let leaf = Var::from_tensor(&var.as_detached_tensor())?;
+            let i = self.index[&var.as_tensor().id()];
+            self.taps
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((i, leaf.clone()));
+            return Ok(leaf.as_tensor().clone());
+        }
         let t = if track {
             var.as_tensor().clone()
         } else {

@@ -655,3 +655,154 @@ fn mixed_logprobs_reject_bad_inputs() {
     let e = mixed_logprobs(&[(&a, 1.0)], &[SeqPair::new(&[1], &[40])], 1.0).unwrap_err();
     assert!(e.to_string().contains("outside the vocabulary"), "{e}");
 }
+
+/// The bits of a tensor's values as f32 (exact for f32 and bf16).
+fn bits32(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// Log-probs of a pass and every gradient after two accumulated micro-batches, as bits.
+fn pass_bits(m: &mut Model) -> (Vec<u64>, Vec<Vec<u32>>) {
+    let b = batch(m.config().vocab_size);
+    let pairs = as_pairs(&b);
+    let lp = m.logprobs(&pairs, 0.7, false).unwrap().logprobs.concat();
+    m.zero_grad();
+    for chunk in [&pairs[..1], &pairs[1..]] {
+        let n: usize = chunk.iter().map(|p| p.response.len()).sum();
+        m.forward_backward(chunk, &weights(n), 0.7).unwrap();
+    }
+    let grads = m
+        .grads()
+        .iter()
+        .map(|g| {
+            let g = g.as_ref().expect("every parameter gets a gradient");
+            assert_eq!(g.dtype(), DType::F32, "gradients stay in the master dtype");
+            bits32(g)
+        })
+        .collect();
+    (lp.iter().map(|x| x.to_bits()).collect(), grads)
+}
+
+#[test]
+fn dropped_masters_give_the_same_bits_and_halve_the_masters_held() {
+    let tmp = tempfile::tempdir().unwrap();
+    for tied in [true, false] {
+        for (recompute, flip) in [(false, false), (false, true), (true, false), (true, true)] {
+            let what = format!("tied={tied} recompute={recompute} flip={flip}");
+            let mut full = random_model(micro(tied), DType::BF16);
+            let mut part = random_model(micro(tied), DType::BF16);
+            full.set_activation_recompute(recompute);
+            part.set_activation_recompute(recompute);
+            // Keep the masters of the first parameters, about half of the elements (the
+            // embedding among them), or (`flip`) of the others: a tied embedding and head then
+            // compute from a replica used twice in one graph.
+            let sizes: Vec<u64> = full
+                .params()
+                .iter()
+                .map(|p| p.var.elem_count() as u64)
+                .collect();
+            let total: u64 = sizes.iter().sum();
+            let mut at = 0;
+            let first_half: Vec<bool> = sizes
+                .iter()
+                .map(|&s| {
+                    at += s;
+                    at - s < total / 2
+                })
+                .collect();
+            let keep: Vec<bool> = first_half.iter().map(|&k| k != flip).collect();
+            for (i, &k) in keep.iter().enumerate() {
+                if !k {
+                    part.drop_master(i).unwrap();
+                }
+            }
+            assert!(keep.iter().any(|&k| !k) && keep.iter().any(|&k| k));
+            for (i, &k) in keep.iter().enumerate() {
+                assert_eq!(part.holds_master(i), k, "{what}");
+            }
+            assert_eq!(pass_bits(&mut part), pass_bits(&mut full), "{what}");
+
+            // Held bytes: the dropped masters' f32 bytes became bf16 replicas of half the size.
+            let (h, f) = (part.held_weights(), full.held_weights());
+            assert_eq!(f.replicas, 0);
+            assert_eq!(h.masters + 2 * h.replicas, f.masters, "{what}");
+            let kept: u64 = (0..sizes.len())
+                .filter(|&i| keep[i])
+                .map(|i| sizes[i] * 4)
+                .sum();
+            assert_eq!(h.masters, kept, "{what}");
+            assert!(
+                (h.masters as f64) < 0.75 * f.masters as f64,
+                "{what}: {} of {} bytes of masters kept",
+                h.masters,
+                f.masters
+            );
+
+            // A step updating only the kept masters gives them the bits of the full model's.
+            let cfg = AdamWConfig::default();
+            let (mut oa, mut ob) = (AdamW::new(&full, cfg), AdamW::new(&part, cfg));
+            let norm = full.grad_norm().unwrap();
+            oa.step(&mut full, 1e-2).unwrap();
+            for (i, g) in part.grads_mut().iter_mut().enumerate() {
+                if !keep[i] {
+                    *g = None;
+                }
+            }
+            ob.step_with_norm(&mut part, 1e-2, norm).unwrap();
+            // The owners' casts sent to the replicas, as data-parallel ranks do.
+            for (i, &k) in keep.iter().enumerate() {
+                if k {
+                    assert_eq!(
+                        bits32(part.params()[i].var.as_tensor()),
+                        bits32(full.params()[i].var.as_tensor()),
+                        "{what}: {}",
+                        part.params()[i].name
+                    );
+                } else {
+                    let bytes = full.weight_bytes(i, DType::BF16).unwrap();
+                    part.set_weight_bytes(i, DType::BF16, &bytes).unwrap();
+                    assert!(!part.holds_master(i));
+                }
+            }
+            assert_eq!(pass_bits(&mut part), pass_bits(&mut full), "{what}");
+
+            // No f32 checkpoint without the masters; the bf16 one is the full model's.
+            let err = part.save_hf(tmp.path().join("no")).unwrap_err().to_string();
+            assert!(err.contains("replica"), "{err}");
+            assert!(!tmp.path().join("no").exists());
+            let bf16 = SaveOptions {
+                dtype: Some(DType::BF16),
+                ..SaveOptions::default()
+            };
+            let file = |m: &Model, name: &str| {
+                let dir = tmp.path().join(name);
+                m.save_hf_with(&dir, &bf16).unwrap();
+                std::fs::read(dir.join("model.safetensors")).unwrap()
+            };
+            assert_eq!(file(&part, "part"), file(&full, "full"), "{what}");
+
+            // Restoring the masters (a checkpoint's gather) gives the full model back.
+            for (i, &k) in keep.iter().enumerate() {
+                if !k {
+                    let bytes = full.weight_bytes(i, DType::F32).unwrap();
+                    part.set_weight_bytes(i, DType::F32, &bytes).unwrap();
+                }
+            }
+            assert_eq!(part.held_weights(), full.held_weights());
+            assert_eq!(bits(&part), bits(&full));
+        }
+    }
+    // f32: the masters are the compute weights.
+    let mut m = random_model(micro(true), DType::F32);
+    let err = m.drop_master(0).unwrap_err().to_string();
+    assert!(err.contains("compute weights"), "{err}");
+    assert!(m.holds_master(0));
+}

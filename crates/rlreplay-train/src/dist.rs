@@ -36,9 +36,11 @@ use rlreplay_dist::{
 };
 use rlreplay_model::{micro_batches, AdamW, Model, SeqPair, StepReport};
 
-use crate::config::Config;
+use crate::config::{Config, RolloutBackend, WeightSync};
 use crate::error::{Error, Result};
 use crate::rundir::{checkpoint_dir, Metrics, TIMING_PREFIXES};
+use crate::source::SourceKind;
+use crate::teacher::TeacherRegularization;
 
 /// Exit code of every process of a data-parallel job ended by an error on one rank.
 pub const ERROR_CODE: i32 = 2;
@@ -127,6 +129,8 @@ pub struct DataParallel<'a> {
     comm: &'a dyn Collective,
     /// ZeRO-1: the optimizer state sharded over the ranks.
     shard: bool,
+    /// With `shard`, the master weights too (where they are not the compute weights).
+    shard_masters: bool,
     /// Seconds spent in collectives since the last [`DataParallel::take_metrics`].
     gather_s: Cell<f64>,
     all_reduce_s: Cell<f64>,
@@ -138,9 +142,24 @@ impl<'a> DataParallel<'a> {
         Self {
             comm,
             shard: false,
+            shard_masters: false,
             gather_s: Cell::new(0.0),
             all_reduce_s: Cell::new(0.0),
         }
+    }
+
+    /// The passes of `comm`'s ranks as `cfg` shards the optimizer: ZeRO-1 with
+    /// `[optim] shard_optimizer_state`, the master weights too unless something reads them
+    /// after every update (an EMA teacher; rank 0 writing each policy for inference servers).
+    pub fn for_config(comm: &'a dyn Collective, cfg: &Config) -> Self {
+        let ema = cfg.uses_teacher()
+            && cfg.self_distillation.teacher_regularization == TeacherRegularization::Ema;
+        let writes_policy = cfg.source == SourceKind::Online
+            && cfg.rollout.backend == RolloutBackend::Remote
+            && cfg.rollout.weight_sync == WeightSync::Disk;
+        let mut dp = Self::new(comm).sharded(cfg.optim.shard_optimizer_state);
+        dp.shard_masters = dp.shard && !ema && !writes_policy;
+        dp
     }
 
     /// Number of ranks.
@@ -220,11 +239,7 @@ impl<'a> DataParallel<'a> {
             return Ok(());
         }
         let started = Instant::now();
-        let dtype = if model.params().iter().any(|p| p.var.dtype() == DType::F64) {
-            DType::F64
-        } else {
-            DType::F32
-        };
+        let dtype = model.master_dtype();
         let present = model.grads().iter().any(Option::is_some);
         let mut flat = Vec::with_capacity(model.params().len() + 1);
         for (p, g) in model.params().iter().zip(model.grads()) {
@@ -253,10 +268,11 @@ impl<'a> DataParallel<'a> {
             model.zero_grad();
         } else {
             let mut at = 0;
+            let dt = model.master_dtype();
             let shapes: Vec<(candle_core::Shape, DType)> = model
                 .params()
                 .iter()
-                .map(|p| (p.var.shape().clone(), p.var.dtype()))
+                .map(|p| (p.var.shape().clone(), dt))
                 .collect();
             for ((shape, dt), g) in shapes.into_iter().zip(model.grads_mut()) {
                 let len = shape.elem_count();
@@ -274,6 +290,123 @@ impl<'a> DataParallel<'a> {
     pub fn sharded(mut self, shard: bool) -> Self {
         self.shard = shard;
         self
+    }
+
+    /// Whether the master weights of `model` are sharded: ZeRO-1 on several ranks with a
+    /// compute dtype other than the master dtype (bf16: in f32 the masters are the compute
+    /// weights, which every rank needs whole).
+    fn masters_sharded(&self, model: &Model) -> bool {
+        self.shard
+            && self.shard_masters
+            && self.world() > 1
+            && model.compute_dtype() != model.master_dtype()
+    }
+
+    /// With sharded master weights, drops the masters of the parameters this rank does not own
+    /// and keeps their compute-dtype casts instead: each rank then holds the f32 masters of its
+    /// share and a compute-dtype replica of the rest. Every rank calls it (after loading the
+    /// policy, after a checkpoint); it does nothing otherwise, or a second time.
+    pub fn shard_masters(&self, model: &mut Model) -> Result<()> {
+        if !self.masters_sharded(model) {
+            return Ok(());
+        }
+        let (owner, _) = self.zero_layout(model)?;
+        let me = self.comm.rank();
+        for (i, &o) in owner.iter().enumerate() {
+            if o != me && model.holds_master(i) {
+                model.drop_master(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// With sharded master weights, hands rank 0 the master weights of every parameter (before
+    /// it saves the policy: a checkpoint holds the f32 masters whatever the number of ranks);
+    /// [`DataParallel::shard_masters`] drops them again. Every rank calls it.
+    pub fn gather_masters(&self, model: &mut Model) -> Result<()> {
+        if !self.masters_sharded(model) {
+            return Ok(());
+        }
+        let (owner, _) = self.zero_layout(model)?;
+        let me = self.comm.rank();
+        let dtype = model.master_dtype();
+        for (i, &o) in owner.iter().enumerate() {
+            if o == 0 {
+                continue;
+            }
+            let mut bytes = if o == me {
+                model.weight_bytes(i, dtype)?
+            } else {
+                Vec::new()
+            };
+            self.comm
+                .broadcast_bytes(o, &mut bytes)
+                .map_err(|source| Error::Collective {
+                    what: "gathering the master weights on rank 0",
+                    source,
+                })?;
+            if me == 0 {
+                model.set_weight_bytes(i, dtype, &bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// With sharded master weights, the run log's line on the weights every rank holds (`None`
+    /// otherwise). Every rank calls it.
+    pub fn describe_held_weights(&self, model: &Model) -> Result<Option<String>> {
+        if !self.masters_sharded(model) {
+            return Ok(None);
+        }
+        let held = self.held_weights(model)?;
+        let total = held[0][0] + 2 * held[0][1];
+        let compute = format!("{:?}", model.compute_dtype()).to_lowercase();
+        let ranks: Vec<String> = held
+            .iter()
+            .enumerate()
+            .map(|(r, [m, rep])| {
+                format!(
+                    "rank {r} holds {:.1} % of the f32 master weights ({m} of {total} bytes) and \
+                     {compute} replicas of the rest ({rep} bytes)",
+                    100.0 * *m as f64 / total.max(1) as f64
+                )
+            })
+            .collect();
+        Ok(Some(format!(
+            "sharded master weights: {}",
+            ranks.join("; ")
+        )))
+    }
+
+    /// The weights each rank holds (`[masters, replicas]` bytes, in rank order): every rank
+    /// calls it.
+    pub fn held_weights(&self, model: &Model) -> Result<Vec<[u64; 2]>> {
+        let held = model.held_weights();
+        let mine: Vec<u8> = [held.masters, held.replicas]
+            .iter()
+            .flat_map(|b| b.to_le_bytes())
+            .collect();
+        let all = if self.world() == 1 {
+            vec![mine]
+        } else {
+            self.comm.all_gather_bytes(&mine)?
+        };
+        all.iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                let words: Vec<u64> = b
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                match words[..] {
+                    [m, r] if b.len() == 16 => Ok([m, r]),
+                    _ => Err(Error::Ranks(format!(
+                        "rank {rank} sent {} bytes for the weights it holds",
+                        b.len()
+                    ))),
+                }
+            })
+            .collect()
     }
 
     /// The ZeRO-1 layout: the owner of each parameter and the element ranges of the ranks in
@@ -313,12 +446,13 @@ impl<'a> DataParallel<'a> {
             return Ok(opt.step(model, lr)?);
         }
         let started = Instant::now();
-        if model.params().iter().any(|p| p.var.dtype() != DType::F32) {
+        if model.master_dtype() != DType::F32 {
             return Err(Error::config(
                 "optim.shard_optimizer_state",
                 "[optim] shard_optimizer_state shards f32 master weights; this model's are f64",
             ));
         }
+        self.shard_masters(model)?;
         let (owner, shards) = self.zero_layout(model)?;
         let me = self.comm.rank();
         for (i, &o) in owner.iter().enumerate() {
@@ -383,7 +517,27 @@ impl<'a> DataParallel<'a> {
             }
         }
         let report = opt.step_with_norm(model, lr, sq.sqrt())?;
-        if !report.skipped {
+        if !report.skipped && self.masters_sharded(model) {
+            // Each owner casts its updated masters to the compute dtype and sends them to the
+            // others' replicas.
+            let dtype = model.compute_dtype();
+            for (i, &o) in owner.iter().enumerate() {
+                let mut bytes = if o == me {
+                    model.weight_bytes(i, dtype)?
+                } else {
+                    Vec::new()
+                };
+                self.comm
+                    .broadcast_bytes(o, &mut bytes)
+                    .map_err(|source| Error::Collective {
+                        what: "all-gather of the updated weights",
+                        source,
+                    })?;
+                if o != me {
+                    model.set_weight_bytes(i, dtype, &bytes)?;
+                }
+            }
+        } else if !report.skipped {
             let mut mine = Vec::with_capacity(shards.range(me).len());
             for (p, &o) in model.params().iter().zip(&owner) {
                 if o == me {

@@ -378,6 +378,7 @@ impl Trainer {
             }
         };
         policy.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
+        DataParallel::for_config(&*comm, &cfg).shard_masters(&mut policy)?;
         let stop = stop_ids(&cfg, model_dir.as_deref(), chat.as_deref())?;
 
         let mut source = cfg.source.open(&SourceContext {
@@ -489,6 +490,11 @@ impl Trainer {
                 .unwrap_or_default(),
             dist::describe(&*t.comm),
         ))?;
+        if let Some(line) =
+            DataParallel::for_config(&*t.comm, &t.cfg).describe_held_weights(&t.policy)?
+        {
+            t.log(&line)?;
+        }
         Ok(t)
     }
 
@@ -533,8 +539,16 @@ impl Trainer {
         } else {
             ProgressBar::hidden()
         };
-        if self.state.global_step == 0 && self.cfg.validation.val_before_train {
+        if self.state.global_step == 0
+            && self.cfg.validation.val_before_train
+            && self.validator.is_some()
+        {
+            // Rank 0 may save the best policy: it needs the masters whole.
+            let comm = self.comm.clone();
+            let dp = DataParallel::for_config(&*comm, &self.cfg);
+            dp.gather_masters(&mut self.policy)?;
             self.validate(0)?;
+            dp.shard_masters(&mut self.policy)?;
         }
         let mut last_metrics = Metrics::new();
         let mut last_checkpoint = None;
@@ -545,7 +559,16 @@ impl Trainer {
                 source: Box::new(e),
             })?;
             let freq = self.cfg.validation.test_freq;
-            if freq > 0 && (step.is_multiple_of(freq) || step == total) {
+            let validating = freq > 0 && (step.is_multiple_of(freq) || step == total);
+            let sf = self.cfg.trainer.save_freq;
+            let saving = (sf > 0 && step.is_multiple_of(sf)) || step == stop;
+            // Rank 0 saves the best policy and the checkpoints whole.
+            let comm = self.comm.clone();
+            let dp = DataParallel::for_config(&*comm, &self.cfg);
+            if (validating && self.validator.is_some()) || saving {
+                dp.gather_masters(&mut self.policy)?;
+            }
+            if validating {
                 if let Some(v) = self.validate(step)? {
                     metrics.extend(v);
                 }
@@ -579,15 +602,13 @@ impl Trainer {
                 get("actor/pg_loss"),
                 metrics.get("perf/throughput").copied().unwrap_or(0.0)
             ));
-            let sf = self.cfg.trainer.save_freq;
-            if (sf > 0 && step.is_multiple_of(sf)) || step == stop {
-                DataParallel::new(&*self.comm)
-                    .sharded(self.cfg.optim.shard_optimizer_state)
-                    .gather_optimizer_state(&self.policy, &mut self.opt)?;
+            if saving {
+                dp.gather_optimizer_state(&self.policy, &mut self.opt)?;
                 if root {
                     last_checkpoint = Some(self.save_checkpoint()?);
                 }
             }
+            dp.shard_masters(&mut self.policy)?;
             last_metrics = metrics;
         }
         bar.finish_and_clear();
@@ -747,7 +768,7 @@ impl Trainer {
             lr: self.lr.lr_at(step - 1),
         };
         let t_update = Instant::now();
-        let dp = DataParallel::new(&*self.comm).sharded(cfg.optim.shard_optimizer_state);
+        let dp = DataParallel::for_config(&*self.comm, cfg);
         let out = update(
             &dp,
             &mut self.policy,
