@@ -7,15 +7,16 @@
 # timing_s/logprob_gather over perf/time_per_step).
 #
 #   bench/ranks.sh            (env: ROUNDS=3 STEPS=4 OUT=bench/out/ranks BIN=<rlreplay>)
-# Needs Open MPI (openmpi-bin libopenmpi-dev) and libclang-dev; BIN defaults to a release build
-# with --features mpi.
+# Needs Open MPI (openmpi-bin libopenmpi-dev) and libclang-dev; BIN defaults to the release build
+# `cargo build --release --features rlreplay-cli/mpi --bin rlreplay` (made here when BIN is not
+# given; build it first and pass BIN when timing in a quiet window).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/ranks}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-4}
 if [ -z "${BIN:-}" ]; then
-    cargo build --release --quiet -p rlreplay-cli --features mpi
+    cargo build --release --quiet --features rlreplay-cli/mpi --bin rlreplay
     BIN=target/release/rlreplay
 fi
 rm -rf "$OUT"
@@ -68,10 +69,12 @@ ratios = []
 for r in range(1, rounds + 1):
     one, two = steps(f"one-{r}"), steps(f"two-{r}")
     a, b = mean(one, "perf/throughput"), mean(two, "perf/throughput")
-    t = mean(two, "perf/time_per_step")
+    t1, t = mean(one, "perf/time_per_step"), mean(two, "perf/time_per_step")
+    u1, u = mean(one, "timing_s/update"), mean(two, "timing_s/update")
     ar, ga = mean(two, "timing_s/grad_all_reduce"), mean(two, "timing_s/logprob_gather")
     ratios.append(b / a)
     print(f"round {r}: 1 rank {a:,.0f} tokens/s, 2 ranks {b:,.0f} tokens/s, {b / a:.2f}x; "
-          f"2-rank step {t:.3f} s, all-reduce {100 * ar / t:.1f} %, log-prob gathers {100 * ga / t:.1f} %")
+          f"step {t1:.3f} s / {t:.3f} s (update {u1:.3f} s / {u:.3f} s); 2 ranks: all-reduce "
+          f"{100 * ar / t:.1f} %, log-prob gathers {100 * ga / t:.1f} %")
 print(f"median ratio {statistics.median(ratios):.2f}x")
 PY
