@@ -3,7 +3,7 @@
 //! the per-row table and the plots, and bad input refused before any compute.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -15,12 +15,10 @@ use rlreplay_data::synth::{write_dataset, SynthConfig};
 use rlreplay_data::{read_shard, ReadOptions};
 use serde_json::Value;
 
-fn rlreplay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::rlreplay;
+#[cfg(feature = "mpi")]
+use common::{ranks, tiny_dataset};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/audit")
@@ -326,13 +324,9 @@ fn refused(dir: &Path, data: &str, extra: &[&str]) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-#[test]
-fn bad_input_is_refused_before_any_compute() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = fixture().to_string_lossy().into_owned();
-
-    // Token ids beyond the policy's 96-token vocabulary.
-    let wide = tmp.path().join("wide");
+/// `dir/wide`: two steps of token ids beyond the tiny policy's 96-token vocabulary.
+fn wide_dataset(dir: &Path) -> PathBuf {
+    let wide = dir.join("wide");
     let synth = SynthConfig {
         steps: 2,
         prompts: 2,
@@ -346,6 +340,16 @@ fn bad_input_is_refused_before_any_compute() {
         ..SynthConfig::default()
     };
     write_dataset(&wide, &synth, |_| {}).unwrap();
+    wide
+}
+
+#[test]
+fn bad_input_is_refused_before_any_compute() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = fixture().to_string_lossy().into_owned();
+
+    // Token ids beyond the policy's 96-token vocabulary.
+    let wide = wide_dataset(tmp.path());
     let e = refused(tmp.path(), wide.to_str().unwrap(), &[]);
     assert!(e.contains("outside the vocabulary"), "{e}");
     assert!(
@@ -411,4 +415,180 @@ fn bad_input_is_refused_before_any_compute() {
     assert_eq!(o.status.code(), Some(2));
     let o = rlreplay(&["audit", &data, "--rows-out", "x.parquet"]);
     assert_eq!(o.status.code(), Some(2), "--rows-out needs --policy");
+}
+
+/// Every file under `dir`, by path relative to it, with its bytes, sorted.
+#[cfg(feature = "mpi")]
+fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                out.push((p.strip_prefix(root).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// `audit --policy` of `data` with `extra` options on one process and on two ranks: the same
+/// stdout (`--json` and the table), the same row table and plots, byte for byte; nothing but
+/// what one process writes.
+#[cfg(feature = "mpi")]
+fn two_ranks_equal_one_process(data: &Path, extra: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let pol = policy();
+    let data = data.to_string_lossy();
+    for json in [true, false] {
+        let mut outs = Vec::new();
+        for n in [1, 2] {
+            let dir = tmp.path().join(format!("{n}-{json}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let rows = dir.join("rows.parquet");
+            let plots = dir.join("plots");
+            let mut args = vec![
+                "audit",
+                &data,
+                "--policy",
+                &pol,
+                "--eos",
+                "1",
+                "--threads",
+                "1",
+                "--is-threshold",
+                "2,1.5",
+                "--rows-out",
+                rows.to_str().unwrap(),
+                "--out",
+                plots.to_str().unwrap(),
+            ];
+            args.extend_from_slice(extra);
+            if json {
+                args.push("--json");
+            }
+            let o = if n == 1 {
+                rlreplay(&args)
+            } else {
+                ranks(n, &args)
+            };
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let err = String::from_utf8_lossy(&o.stderr).into_owned();
+            assert_eq!(err.matches("audited ").count(), 1, "{err}");
+            if n == 2 {
+                assert!(err.contains("on 2 ranks (mpi)"), "{err}");
+            }
+            outs.push((o.stdout, files(&dir)));
+        }
+        let (one, two) = (&outs[0], &outs[1]);
+        assert!(!one.0.is_empty());
+        assert_eq!(
+            String::from_utf8_lossy(&one.0),
+            String::from_utf8_lossy(&two.0),
+            "stdout"
+        );
+        let names = |f: &[(PathBuf, Vec<u8>)]| f.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&one.1), names(&two.1));
+        assert_eq!(one.1.len(), 9, "{:?}", names(&one.1));
+        for ((name, a), (_, b)) in one.1.iter().zip(&two.1) {
+            assert!(a == b, "{} differs", name.display());
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn two_ranks_audit_like_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Three groups of four rows a step, packs of at most 64 tokens: several packs per rank.
+    let data = tiny_dataset(&tmp.path().join("data"), 2, 3, 4, 5);
+    two_ranks_equal_one_process(&data, &["--max-batch-tokens", "64"]);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn fewer_groups_than_ranks_audit_like_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One group a step in one pack: rank 1 has nothing to compute.
+    let data = tiny_dataset(&tmp.path().join("data"), 2, 1, 4, 5);
+    two_ranks_equal_one_process(&data, &[]);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn bad_input_on_two_ranks_is_one_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = fixture().to_string_lossy().into_owned();
+    let pol = policy();
+    let rows = tmp.path().join("rows.parquet");
+    let base = [
+        "audit",
+        &data,
+        "--policy",
+        &pol,
+        "--eos",
+        "1",
+        "--rows-out",
+        rows.to_str().unwrap(),
+    ];
+    let wide = wide_dataset(tmp.path());
+    let wide_s = wide.to_string_lossy().into_owned();
+    let mut wide_args = base.to_vec();
+    wide_args[1] = &wide_s;
+    for (args, want) in [
+        (
+            [&base[..], &["--temperature", "0"]].concat(),
+            "--temperature is 0",
+        ),
+        (wide_args, "outside the vocabulary"),
+    ] {
+        let o = ranks(2, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert_eq!(err.matches(want).count(), 1, "{err}");
+        assert!(!err.contains("rank 1: error"), "{err}");
+        assert!(
+            o.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert!(!rows.exists());
+    }
+}
+
+/// A build without MPI started as one of several ranks refuses to audit: rank 0 says why, the
+/// others stop quietly, and nothing is written.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_launched_rank_without_mpi_support_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = tmp.path().join("rows.parquet");
+    let data = fixture().to_string_lossy().into_owned();
+    for rank in ["0", "1"] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args(["audit", &data, "--policy", &policy(), "--eos", "1"])
+            .args(["--rows-out", rows.to_str().unwrap()])
+            .env("OMPI_COMM_WORLD_RANK", rank)
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("OMPI_COMM_WORLD_LOCAL_RANK", rank)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        if rank == "0" {
+            assert!(
+                err.contains("rank 0 of 2, but this build has no MPI support"),
+                "{err}"
+            );
+        } else {
+            assert!(err.is_empty(), "{err}");
+        }
+        assert!(o.stdout.is_empty());
+        assert!(!rows.exists());
+    }
 }

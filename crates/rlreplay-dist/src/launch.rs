@@ -200,6 +200,18 @@ impl Placement {
             ))),
         }
     }
+
+    /// [`Placement::device_ordinal`] among the devices this process sees: those
+    /// `CUDA_VISIBLE_DEVICES` lists, else (unset) the node's process count, else as many as
+    /// the local rank needs.
+    pub fn visible_device_ordinal(&self) -> Result<usize> {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+            .ok()
+            .map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count())
+            .or(self.local_world)
+            .unwrap_or(self.local_rank + 1);
+        self.device_ordinal(visible)
+    }
 }
 
 #[cfg(test)]

@@ -542,6 +542,10 @@ impl Collective for MpiCollective {
             self.wait(Op::AllGather, req);
         });
         let total: u64 = lens.iter().sum();
+        if total == 0 {
+            // Every rank knows it: nothing to exchange (Open MPI refuses an empty all-gather).
+            return Ok(vec![Vec::new(); world]);
+        }
         if total > Count::MAX as u64 {
             return Err(DistError::Shape(format!(
                 "all-gather of {total} bytes; at most {} at once",

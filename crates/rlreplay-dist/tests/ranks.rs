@@ -268,6 +268,11 @@ mod mpi_ranks {
         for (q, b) in all.iter().enumerate() {
             assert_eq!(b, &vec![q as u8; q * 3]);
         }
+        // Nothing from any rank.
+        assert_eq!(
+            comm.all_gather_bytes(&[]).unwrap(),
+            vec![Vec::<u8>::new(); n]
+        );
         assert_eq!(comm.broadcast_u64(0, 42 + r as u64).unwrap(), 42);
 
         // Metrics by kind: sums add, extremes, token-weighted means; a metric only rank 0 has.

@@ -71,13 +71,7 @@ pub fn device(cfg: &Config, comm: &dyn Collective) -> Result<rlreplay_model::Dev
     if comm.world() == 1 || !device.is_cuda() || cfg.model.device.trim() != "cuda" {
         return Ok(device);
     }
-    let placement = comm.placement();
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES")
-        .ok()
-        .map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count())
-        .or(placement.local_world)
-        .unwrap_or(placement.local_rank + 1);
-    let ordinal = placement.device_ordinal(visible)?;
+    let ordinal = comm.placement().visible_device_ordinal()?;
     rlreplay_model::parse_device(&format!("cuda:{ordinal}"))
         .map_err(|e| Error::config("model.device", format!("[model] device: {e}")))
 }

@@ -7,13 +7,17 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
 use rlreplay_algo::offpolicy::{threshold_label, CORRECTIONS};
 use rlreplay_algo::{AlgoConfig, AuditConfig, IsLevel, IsMode, Metrics, RsThreshold};
 use rlreplay_audit::{Outputs, PolicyAudit};
-use rlreplay_data::{read_footer, AuditStats, AuditSums, Dataset, ReadOptions, RolloutBatch};
+use rlreplay_data::{
+    read_footer, AuditStats, AuditSums, Dataset, ReadOptions, RolloutBatch, StepIter,
+};
+use rlreplay_dist::{Collective, Options, Placement};
 use rlreplay_model::{DType, Device, Model, ModelConfig, SeqPair};
+use rlreplay_train::dist::{describe, DataParallel, ERROR_CODE};
 use rlreplay_train::trainer::with_threads;
-use rlreplay_train::update::packed_logprobs;
 use serde::Serialize;
 
 use super::{progress, Args};
@@ -241,16 +245,92 @@ struct SummaryLine<'a> {
     metrics: &'a Metrics,
 }
 
-/// Runs `rlreplay audit --policy`.
+/// Runs `rlreplay audit --policy`, as one rank of a data-parallel job when a launcher (`mpirun`,
+/// `mpiexec`, `srun`) started this process.
 pub fn run(args: Args) -> Result<ExitCode> {
     let p = &args.policy;
     let policy = p.policy.clone().context("--policy is required")?;
-    with_threads(p.threads, p.force_threads, || audit(&args, &policy))
+    let result = with_threads(p.threads, p.force_threads, || on_ranks(&args, &policy));
+    match result {
+        Err(e) if e.is::<Reported>() => Ok(ExitCode::from(2)),
+        r => r,
+    }
 }
 
-fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
+/// An error rank 0 has already printed for every rank (see [`agree`]).
+#[derive(Debug)]
+struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reported by rank 0")
+    }
+}
+
+impl std::error::Error for Reported {}
+
+/// The audit on this process's rank: one process unless a launcher started it, else MPI ranks
+/// (a build without MPI started as one of several ranks stops with an error rank 0 prints,
+/// never N processes writing one output). An error on one rank after the input was accepted
+/// everywhere is printed with its rank and ends the job.
+fn on_ranks(args: &Args, policy: &Path) -> Result<ExitCode> {
+    let comm = rlreplay_dist::init(&Options::default()).map_err(|e| {
+        // Every rank of a launch this build cannot serve fails alike: rank 0 says why.
+        match Placement::from_env() {
+            Ok(p) if p.rank > 0 => anyhow::Error::new(Reported),
+            _ => anyhow::Error::new(e).context("audit --policy on data-parallel ranks"),
+        }
+    })?;
+    match audit(args, policy, &*comm) {
+        Err(e) if comm.world() > 1 && !e.is::<Reported>() => {
+            eprintln!("rank {}: error: {e:#}", comm.rank());
+            comm.abort(ERROR_CODE)
+        }
+        r => r,
+    }
+}
+
+/// The outcome on every rank of work that every rank does alike before a compute (reading and
+/// checking the input, loading the policy): when any rank failed, rank 0 prints the error once
+/// (its own, else the first failing rank's) and every rank stops with exit code 2, so no rank
+/// starts what another refused.
+fn agree<T>(comm: &dyn Collective, r: Result<T>) -> Result<T> {
+    if comm.world() == 1 {
+        return r;
+    }
+    let mine = match &r {
+        Ok(_) => Vec::new(),
+        Err(e) => [&[1u8][..], format!("{e:#}").as_bytes()].concat(),
+    };
+    let all = comm.all_gather_bytes(&mine)?;
+    let Some((rank, msg)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) else {
+        return r;
+    };
+    if comm.is_root() {
+        let msg = String::from_utf8_lossy(&msg[1..]);
+        if rank == 0 {
+            eprintln!("error: {msg}");
+        } else {
+            eprintln!("error: rank {rank}: {msg}");
+        }
+    }
+    // The others exit once rank 0 has said why.
+    comm.barrier()?;
+    Err(Reported.into())
+}
+
+/// The settings and the dataset, every input check that needs no step read.
+struct Checked {
+    cfg: AuditConfig,
+    dtype: DType,
+    device: Device,
+    model_cfg: ModelConfig,
+    eos: Vec<u32>,
+    ds: Dataset,
+}
+
+fn check(args: &Args, policy: &Path, comm: &dyn Collective) -> Result<Checked> {
     let p = &args.policy;
-    // Everything that can be wrong with the input is found before the model is loaded.
     if let Some(t) = p.temperature {
         check_temperature(t, "--temperature")?;
     }
@@ -259,7 +339,12 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
     }
     let cfg = p.config()?;
     let dtype = p.dtype()?;
-    let device = p.device()?;
+    let mut device = p.device()?;
+    // A bare `auto` or `cuda` on several ranks is the GPU of the local rank.
+    if comm.world() > 1 && device.is_cuda() && matches!(p.device.as_str(), "auto" | "cuda") {
+        let ordinal = comm.placement().visible_device_ordinal()?;
+        device = Device::new_cuda(ordinal).with_context(|| format!("--device cuda:{ordinal}"))?;
+    }
     let model_cfg = ModelConfig::from_hf_json(policy.join("config.json"))
         .with_context(|| format!("reading the policy {}", policy.display()))?;
     let tokenizer = args
@@ -269,12 +354,24 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
     let eos = args.eos.resolve(Some(&tokenizer))?.ids;
     let ds = Dataset::open_steps(&args.path, args.steps)?;
     check_shards(&ds, &model_cfg, policy)?;
-    let opts = ReadOptions {
-        lenient: false,
-        eos: eos.clone(),
-        vocab: u32::try_from(model_cfg.vocab_size).ok(),
-    };
-    let mut steps = ds.iter(rlreplay_data::StepRange::ALL, opts);
+    Ok(Checked {
+        cfg,
+        dtype,
+        device,
+        model_cfg,
+        eos,
+        ds,
+    })
+}
+
+/// The first step and the temperature of the policy's log-probs.
+fn first_step(
+    args: &Args,
+    steps: &mut StepIter<'_>,
+    model_cfg: &ModelConfig,
+    root: bool,
+) -> Result<(RolloutBatch, f64)> {
+    let p = &args.policy;
     let Some(first) = steps.next() else {
         bail!("{}: no step selected", args.path);
     };
@@ -282,10 +379,12 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
     let logged = logged_temperature(&first)?;
     let temperature = match (p.temperature, logged) {
         (Some(t), Some(l)) if (t - l).abs() > 1e-6 => {
-            eprintln!(
-                "warning: the rows were sampled at temperature {l}; the policy's log-probs are \
-                 computed at --temperature {t}"
-            );
+            if root {
+                eprintln!(
+                    "warning: the rows were sampled at temperature {l}; the policy's log-probs \
+                     are computed at --temperature {t}"
+                );
+            }
             t
         }
         (Some(t), _) => t,
@@ -295,20 +394,64 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
         }
         (None, None) => 1.0,
     };
-    check_lengths(&first, &model_cfg)?;
+    check_lengths(&first, model_cfg)?;
+    Ok((first, temperature))
+}
+
+/// The next step, its lengths checked; `None` after the last.
+fn next_step(steps: &mut StepIter<'_>, model_cfg: &ModelConfig) -> Result<Option<RolloutBatch>> {
+    let Some(item) = steps.next() else {
+        return Ok(None);
+    };
+    let (batch, _) = item?;
+    check_lengths(&batch, model_cfg)?;
+    Ok(Some(batch))
+}
+
+/// The audit on `comm`'s ranks. Every rank reads and checks each step; the policy's log-probs of
+/// a step are computed as one process packs them, the packs shared out over the ranks
+/// ([`DataParallel::logprobs`]) and gathered in row order; rank 0 alone computes the
+/// statistics from them, prints and writes, so every number is the single-process one.
+fn audit(args: &Args, policy: &Path, comm: &dyn Collective) -> Result<ExitCode> {
+    let p = &args.policy;
+    let root = comm.is_root();
+    // Everything that can be wrong with the input is found, on every rank, before the model is
+    // loaded.
+    let c = agree(comm, check(args, policy, comm))?;
+    let (cfg, model_cfg, eos) = (&c.cfg, &c.model_cfg, &c.eos);
+    let opts = ReadOptions {
+        lenient: false,
+        eos: eos.clone(),
+        vocab: u32::try_from(model_cfg.vocab_size).ok(),
+    };
+    let mut steps = c.ds.iter(rlreplay_data::StepRange::ALL, opts);
+    let (first, temperature) = agree(comm, first_step(args, &mut steps, model_cfg, root))?;
     let outputs = Outputs {
         rows: p.rows_out.clone(),
         plots: p.out.clone(),
     };
-    let mut audit = PolicyAudit::new(cfg.clone(), eos.clone(), &outputs)?;
-    let model = Model::load(policy, dtype, &device)
-        .with_context(|| format!("loading the policy {}", policy.display()))?;
+    let (mut audit, model) = agree(
+        comm,
+        (|| -> Result<_> {
+            let audit = root
+                .then(|| PolicyAudit::new(cfg.clone(), eos.clone(), &outputs))
+                .transpose()?;
+            let model = Model::load(policy, c.dtype, &c.device)
+                .with_context(|| format!("loading the policy {}", policy.display()))?;
+            Ok((audit, model))
+        })(),
+    )?;
+    let dp = DataParallel::new(comm);
 
-    let bar = progress(ds.steps().len(), "audit --policy");
+    let bar = if root {
+        progress(c.ds.steps().len(), "audit --policy")
+    } else {
+        ProgressBar::hidden()
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    if !args.json {
-        writeln!(out, "{}", step_header(&cfg))?;
+    if root && !args.json {
+        writeln!(out, "{}", step_header(cfg))?;
     }
     let started = Instant::now();
     let mut tokens = 0usize;
@@ -317,50 +460,49 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
     loop {
         let batch = match next.take() {
             Some(b) => b,
-            None => match steps.next() {
-                Some(item) => {
-                    let (b, _) = item?;
-                    check_lengths(&b, &model_cfg)?;
-                    b
-                }
+            None => match agree(comm, next_step(&mut steps, model_cfg))? {
+                Some(b) => b,
                 None => break,
             },
         };
         let pairs: Vec<SeqPair<'_>> = (0..batch.len())
             .map(|i| SeqPair::new(batch.prompt(i), batch.response(i)))
             .collect();
-        let lp = packed_logprobs(&model, &pairs, p.max_batch_tokens, temperature)
+        let lp = dp
+            .logprobs(&model, &pairs, p.max_batch_tokens, temperature)
             .with_context(|| format!("{}: policy log-probs", batch.source.display()))?;
         drop(pairs);
-        let step = audit
-            .add(&batch, &lp)
-            .with_context(|| batch.source.display().to_string())?;
-        let sums = AuditSums::of_batch(&batch, &eos);
-        logged_sums.merge(&sums);
         tokens += batch.response_tokens.len();
-        bar.suspend(|| -> Result<()> {
-            if args.json {
-                let file = batch.source.to_string_lossy();
-                serde_json::to_writer(
-                    &mut out,
-                    &StepLine {
-                        step: batch.step,
-                        file: &file,
-                        temperature,
-                        stats: sums.stats(),
-                        metrics: &step.metrics,
-                    },
-                )?;
-                writeln!(out)?;
-            } else {
-                writeln!(
-                    out,
-                    "{}",
-                    step_row(&batch.step.to_string(), &step.metrics, &cfg)
-                )?;
-            }
-            Ok(())
-        })?;
+        if let Some(audit) = &mut audit {
+            let step = audit
+                .add(&batch, &lp)
+                .with_context(|| batch.source.display().to_string())?;
+            let sums = AuditSums::of_batch(&batch, eos);
+            logged_sums.merge(&sums);
+            bar.suspend(|| -> Result<()> {
+                if args.json {
+                    let file = batch.source.to_string_lossy();
+                    serde_json::to_writer(
+                        &mut out,
+                        &StepLine {
+                            step: batch.step,
+                            file: &file,
+                            temperature,
+                            stats: sums.stats(),
+                            metrics: &step.metrics,
+                        },
+                    )?;
+                    writeln!(out)?;
+                } else {
+                    writeln!(
+                        out,
+                        "{}",
+                        step_row(&batch.step.to_string(), &step.metrics, cfg)
+                    )?;
+                }
+                Ok(())
+            })?;
+        }
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         bar.set_message(format!("{:.0} response tokens/s", tokens as f64 / secs));
         bar.inc(1);
@@ -368,6 +510,9 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
+    let Some(audit) = audit else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let summary = audit.finish()?;
     if args.json {
         serde_json::to_writer(
@@ -382,16 +527,17 @@ fn audit(args: &Args, policy: &Path) -> Result<ExitCode> {
         )?;
         writeln!(out)?;
     } else {
-        writeln!(out, "{}", step_row("all", &summary, &cfg))?;
+        writeln!(out, "{}", step_row("all", &summary, cfg))?;
         writeln!(out)?;
-        write_tables(&mut out, &summary, &cfg, temperature)?;
+        write_tables(&mut out, &summary, cfg, temperature)?;
     }
     eprintln!(
         "audited {} steps, {} rows, {tokens} response tokens in {secs:.1} s ({:.0} tokens/s) \
-         at temperature {temperature}",
+         at temperature {temperature}{}",
         logged_sums.steps,
         logged_sums.rows,
-        tokens as f64 / secs.max(1e-9)
+        tokens as f64 / secs.max(1e-9),
+        describe(comm)
     );
     Ok(ExitCode::SUCCESS)
 }
