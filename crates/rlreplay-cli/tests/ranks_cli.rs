@@ -8,31 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use candle_core::{Device, Tensor};
-use rlreplay_data::synth::{write_dataset, SynthConfig};
 use rlreplay_train::rundir::{complete_checkpoints, read_metrics};
 
-/// `rlreplay ARGS` as one process.
-fn single(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-/// `rlreplay ARGS` on `n` MPI ranks.
-fn ranks(n: usize, args: &[&str]) -> Output {
-    Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &n.to_string(),
-        ])
-        .arg(env!("CARGO_BIN_EXE_rlreplay"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{ranks, rlreplay as single, tiny_dataset, TINY_RANDOM_MODEL};
 
 fn ok(o: &Output) {
     assert!(
@@ -46,35 +25,13 @@ fn ok(o: &Output) {
 /// A synthetic dataset of `steps` steps and the replay configuration over it; `extra` is
 /// appended to the configuration.
 fn setup(dir: &Path, steps: usize, group: usize, extra: &str) -> PathBuf {
-    let data = dir.join("data");
-    let synth = SynthConfig {
-        steps,
-        prompts: 8,
-        group,
-        vocab: 64,
-        mean_len: 16.0,
-        max_len: 32,
-        prompt_len: 6,
-        eos: 1,
-        pattern_len: 3,
-        seed: 5,
-        ..SynthConfig::default()
-    };
-    write_dataset(&data, &synth, |_| {}).unwrap();
+    let data = tiny_dataset(&dir.join("data"), steps, 8, group, 5);
     let cfg = dir.join("replay.toml");
     std::fs::write(
         &cfg,
         format!(
             r#"
-[model.random]
-vocab_size = 64
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-head_dim = 8
-
+{TINY_RANDOM_MODEL}
 [data]
 path = "{}"
 eos_token_id = 1

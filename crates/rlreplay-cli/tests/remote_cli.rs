@@ -2,10 +2,11 @@
 //! mid-run: with one server left the run finishes on it; with none left it stops with a clear
 //! error, the last checkpoint intact, and `--resume` continues on servers started again.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 /// Settings of a short toy run: `STEPS` steps, a checkpoint after each, no validation.
 const STEPS: usize = 8;
@@ -59,20 +60,7 @@ struct Server {
 
 impl Server {
     fn start(model: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let line = lines.next().unwrap().unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
-        // Keep reading the server's log so that it never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let (child, url) = common::serve(&["--model", model.to_str().unwrap()]);
         Self { child, url }
     }
 

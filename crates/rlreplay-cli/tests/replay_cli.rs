@@ -8,45 +8,17 @@ use rlreplay_train::rundir::read_metrics;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlreplay_data::synth::{write_dataset, SynthConfig};
-
-fn rlreplay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{rlreplay, tiny_dataset, TINY_RANDOM_MODEL};
 
 fn setup(dir: &Path, steps: usize) -> String {
-    let data = dir.join("data");
-    let synth = SynthConfig {
-        steps,
-        prompts: 8,
-        group: 4,
-        vocab: 64,
-        mean_len: 16.0,
-        max_len: 32,
-        prompt_len: 6,
-        eos: 1,
-        pattern_len: 3,
-        seed: 11,
-        ..SynthConfig::default()
-    };
-    write_dataset(&data, &synth, |_| {}).unwrap();
+    let data = tiny_dataset(&dir.join("data"), steps, 8, 4, 11);
     let cfg = dir.join("replay.toml");
     std::fs::write(
         &cfg,
         format!(
             r#"
-[model.random]
-vocab_size = 64
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-head_dim = 8
-
+{TINY_RANDOM_MODEL}
 [data]
 path = "{}"
 eos_token_id = 1

@@ -1,10 +1,11 @@
 //! `rlreplay serve` as a process: binds loopback on the port it is given (0: a free one, printed),
 //! serves completions, stops cleanly on SIGTERM, and refuses bad flags.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use rlreplay_model::{DType, Device, Model, ModelConfig};
+
+mod common;
 
 #[test]
 fn serve_binds_loopback_answers_and_stops_on_sigterm() {
@@ -13,24 +14,7 @@ fn serve_binds_loopback_answers_and_stops_on_sigterm() {
         .unwrap()
         .save_hf(tmp.path())
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-        .args([
-            "serve",
-            "--model",
-            tmp.path().to_str().unwrap(),
-            "--port",
-            "0",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let (mut child, url) = common::serve(&["--model", tmp.path().to_str().unwrap()]);
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     let resp: serde_json::Value = ureq::post(&format!("{url}/v1/completions"))
         .send_json(serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 4, "seed": 0}))

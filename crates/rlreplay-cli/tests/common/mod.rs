@@ -1,14 +1,27 @@
-//! Helpers shared by the tests of the `rlreplay` binary: a synthetic dataset for the tiny
-//! random models, the binary as one process and on `mpirun` ranks.
+//! Helpers shared by the tests of the `rlreplay` binary: the tiny random-model replay setup,
+//! `mpirun` ranks, and `rlreplay serve` on a free loopback port.
 // Each test file uses its own share of these.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use rlreplay_data::synth::{write_dataset, SynthConfig};
 
-/// Writes into `dir` a synthetic dataset over a vocabulary of 64 ids (end of sequence 1):
+/// The `[model.random]` table of the tiny random Qwen3 the replay tests train: a vocabulary of
+/// 64 ids, two layers of width 32.
+pub const TINY_RANDOM_MODEL: &str = "[model.random]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 8
+";
+
+/// Writes into `dir` a synthetic dataset over the tiny model's vocabulary (end of sequence 1):
 /// `steps` steps of `prompts` groups of `group` rows, prompts of 6 tokens, responses of 16 on
 /// average (at most 32), drawn with `seed`.
 pub fn tiny_dataset(dir: &Path, steps: usize, prompts: usize, group: usize, seed: u64) -> PathBuf {
@@ -51,4 +64,26 @@ pub fn ranks(n: usize, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// Starts `rlreplay serve ARGS --port 0` and waits for the address it prints on its first line:
+/// the process and its URL. The rest of its log is read in the background, so that it never
+/// blocks on a full pipe.
+pub fn serve(args: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, url)
 }
