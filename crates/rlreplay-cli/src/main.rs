@@ -54,6 +54,12 @@ fn main() -> ExitCode {
     // SAFETY: no other thread exists yet.
     unsafe { rlreplay_model::keep_candle_elementwise_on_caller() };
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Replay(_) | Command::Train(_)) {
+        // Training steps free and reallocate the same buffers; elsewhere (audit, say) mimalloc's
+        // default keeps the peak resident memory lower.
+        // SAFETY: still no other thread.
+        unsafe { rlreplay_model::keep_freed_memory_committed() };
+    }
     let result = match cli.command {
         Command::Audit(a) => commands::audit::run(a),
         Command::Validate(a) => commands::validate::run(a),

@@ -15,6 +15,10 @@
 //! - `layer [ITERS]`: forward+backward of one Qwen3-0.6B-shaped decoder layer (hidden 1024, MLP
 //!   3072, 16/8 heads of 128) on 4 × 512 packed tokens, with a 1024-token vocabulary, in GFLOP/s
 //!   of useful work (`6 × tokens × weights` plus `12 × D` per causal query-key pair and head).
+//!
+//! `tiny`, `small` and `layer` keep freed memory committed as the training commands of the
+//! `rlreplay` binary do ([`rlreplay_model::keep_freed_memory_committed`]); the memory modes keep
+//! mimalloc's defaults.
 
 use candle_core::{DType, Device, Tensor};
 use rlreplay_model::{ops, Model, ModelConfig, SeqPair};
@@ -295,6 +299,11 @@ fn main() -> anyhow::Result<()> {
             .transpose()?
             .unwrap_or(default))
     };
+    if matches!(mode, "tiny" | "small" | "layer") {
+        // As `rlreplay replay` and `train` do for their training steps (not for the memory modes).
+        // SAFETY: no other thread exists yet.
+        unsafe { rlreplay_model::keep_freed_memory_committed() };
+    }
     match mode {
         "tiny" => bench_model("tiny", ModelConfig::tiny(), iters(5)?),
         "small" => bench_model("small", small_config(), iters(2)?),
