@@ -196,19 +196,8 @@ impl<'a, T> MatRef<'a, T> {
     }
 }
 
-/// `dst[off + i*rs + j] (+)= alpha * (a @ b)[i][j]` for a row-major destination block; accumulates
-/// into the existing values when `accumulate`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<T: Real>(
-    dst: &mut [T],
-    off: usize,
-    rs: usize,
-    accumulate: bool,
-    a: MatRef<'_, T>,
-    b: MatRef<'_, T>,
-    alpha: T,
-    parallel: bool,
-) -> Result<()> {
+/// Checks the operands of `a @ b` and returns `(m, k, n)`.
+fn gemm_dims<T>(a: &MatRef<'_, T>, b: &MatRef<'_, T>) -> Result<(usize, usize, usize)> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || !a.in_bounds() || !b.in_bounds() {
         bail!(
@@ -216,33 +205,37 @@ pub(crate) fn gemm<T: Real>(
             b.rows
         );
     }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if off + (m - 1) * rs + n > dst.len() {
-        bail!("internal gemm: destination {m}x{n} out of bounds");
-    }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                dst[off + i * rs..off + i * rs + n].fill(T::zero());
-            }
-        }
-        return Ok(());
-    }
+    Ok((m, k, n))
+}
+
+/// `dst[i*rs + j] (+)= alpha * (a @ b)[i][j]` through the gemm crate, for `m, n, k > 0`.
+///
+/// # Safety
+///
+/// `a` and `b` must be in bounds ([`gemm_dims`]), and `dst` valid for writes (and for reads when
+/// `accumulate`) of every `dst[i*rs + j]`, `i < m`, `j < n`, without aliasing `a` or `b`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw<T: Real>(
+    dst: *mut T,
+    rs: usize,
+    accumulate: bool,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    alpha: T,
+    parallel: bool,
+) {
     let par = if parallel {
         Parallelism::Rayon(rayon::current_num_threads())
     } else {
         Parallelism::None
     };
-    // SAFETY: every index touched (checked above) lies inside the three slices; `dst` is borrowed
-    // mutably and does not alias the shared operands.
+    // SAFETY: the caller guarantees the bounds of the three operands.
     unsafe {
         gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr().add(off),
+            a.rows,
+            b.cols,
+            a.cols,
+            dst,
             1,
             rs as isize,
             accumulate,
@@ -260,7 +253,66 @@ pub(crate) fn gemm<T: Real>(
             par,
         );
     }
+}
+
+/// `dst[off + i*rs + j] (+)= alpha * (a @ b)[i][j]` for a row-major destination block; accumulates
+/// into the existing values when `accumulate`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<T: Real>(
+    dst: &mut [T],
+    off: usize,
+    rs: usize,
+    accumulate: bool,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    alpha: T,
+    parallel: bool,
+) -> Result<()> {
+    let (m, k, n) = gemm_dims(&a, &b)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if off + (m - 1) * rs + n > dst.len() {
+        bail!("internal gemm: destination {m}x{n} out of bounds");
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                dst[off + i * rs..off + i * rs + n].fill(T::zero());
+            }
+        }
+        return Ok(());
+    }
+    let dst = dst[off..].as_mut_ptr();
+    // SAFETY: every index touched (checked above) lies inside the three slices; `dst` is borrowed
+    // mutably and does not alias the shared operands.
+    unsafe { gemm_raw(dst, rs, accumulate, a, b, alpha, parallel) };
     Ok(())
+}
+
+/// `alpha * (a @ b)` as a new row-major `[m, n]` buffer, which the gemm writes without it being
+/// zeroed first.
+pub(crate) fn gemm_new<T: Real>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    alpha: T,
+    parallel: bool,
+) -> Result<Vec<T>> {
+    let (m, k, n) = gemm_dims(&a, &b)?;
+    if m == 0 || n == 0 || k == 0 {
+        return Ok(vec![T::zero(); m * n]);
+    }
+    let mut out = Vec::with_capacity(m * n);
+    // SAFETY: the operands are in bounds (checked above) and `out` has room for the `m × n`
+    // destination, which does not alias them. Without `accumulate` (`read_dst = false`) the gemm
+    // crate zeroes its coefficient of the destination and stores every one of its elements
+    // without reading any (gemm-common's `gemm_basic_generic`, and the `gemv`/`gevv` paths it
+    // takes for thin shapes), so all `m · n` elements are initialised when `set_len` runs.
+    unsafe {
+        gemm_raw(out.as_mut_ptr(), n, false, a, b, alpha, parallel);
+        out.set_len(m * n);
+    }
+    Ok(out)
 }
 
 /// Rows per parallel task so that each task handles at least `min_elems` elements.

@@ -1,8 +1,9 @@
 //! The projection `y = x · Wᵀ` with its own backward, `dx = dy · W` and `dW = dyᵀ · x`, each one
-//! gemm into a fresh buffer. Through candle's matmul the weight enters as the view `Wᵀ`, so its
-//! backward materialises `dWᵀ`, adds it to a zero tensor, then transposes that into another.
+//! gemm into a fresh buffer (not zeroed first). Through candle's matmul the weight enters as the
+//! view `Wᵀ`, so its backward materialises `dWᵀ`, adds it to a zero tensor, then transposes that
+//! into another.
 
-use super::cpu::{gemm, slice, storage, tensor, with_slices, MatRef, Real};
+use super::cpu::{gemm_new, slice, storage, tensor, with_slices, MatRef, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
@@ -12,10 +13,8 @@ pub(crate) struct Linear;
 /// `a · bᵀ` for row-major `a [m, k]` and `b [n, k]`.
 fn a_bt<T: Real>(a: &[T], b: &[T], k: usize) -> Result<Vec<T>> {
     let (m, n) = (a.len() / k.max(1), b.len() / k.max(1));
-    let mut out = vec![T::zero(); m * n];
     let (am, bm) = (MatRef::rows(a, 0, m, k, k), MatRef::rows(b, 0, n, k, k));
-    gemm(&mut out, 0, n, false, am, bm.t(), T::one(), true)?;
-    Ok(out)
+    gemm_new(am, bm.t(), T::one(), true)
 }
 
 /// `(dy · W, dyᵀ · x)` for `x [T, in]`, `W [out, in]`, `dy [T, out]`.
@@ -27,10 +26,8 @@ fn bwd_t<T: Real>(x: &[T], w: &[T], dy: &[T], inp: usize) -> Result<(Vec<T>, Vec
         MatRef::rows(w, 0, out, inp, inp),
     );
     let dym = MatRef::rows(dy, 0, t, out, out);
-    let mut dx = vec![T::zero(); x.len()];
-    gemm(&mut dx, 0, inp, false, dym, wm, T::one(), true)?;
-    let mut dw = vec![T::zero(); w.len()];
-    gemm(&mut dw, 0, inp, false, dym.t(), xm, T::one(), true)?;
+    let dx = gemm_new(dym, wm, T::one(), true)?;
+    let dw = gemm_new(dym.t(), xm, T::one(), true)?;
     Ok((dx, dw))
 }
 
