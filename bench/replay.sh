@@ -3,15 +3,19 @@
 # (bench/replay_torch.py: transformers' Qwen3, eager, float32) on the same synthetic rows and the
 # same model shape, same thread count. Prints steps/s and tokens/s of both and their ratio.
 #
-#   bench/replay.sh            (env: THREADS=2 STEPS=4 OUT=bench/out/replay)
+#   bench/replay.sh            (env: THREADS=2 STEPS=4 OUT=bench/out/replay BIN=<rlreplay>)
 # Needs .venv/torch (torch, transformers) and .venv/arrow (pyarrow): scripts/setup-venv.sh.
+# BIN defaults to the release build `cargo build --release --bin rlreplay` (made here when BIN is
+# not given; build it first and pass BIN when timing in a quiet window).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/replay}
 THREADS=${THREADS:-2}
 STEPS=${STEPS:-4}
-cargo build --release --quiet -p rlreplay-cli
-BIN=target/release/rlreplay
+if [ -z "${BIN:-}" ]; then
+    cargo build --release --quiet --bin rlreplay
+    BIN=target/release/rlreplay
+fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 "$BIN" synth --out "$OUT/dataset" --steps "$STEPS" --prompts 16 --group 8 --vocab 4096 \
