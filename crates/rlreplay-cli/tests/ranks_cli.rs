@@ -506,6 +506,36 @@ fn online_rlsd_and_more_ranks_than_groups_are_one_process_bit_for_bit() {
 }
 
 #[test]
+fn online_rlsd_teacher_passes_shared_out_are_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The reference answer as every row's teacher context: a teacher prompt of about 85 toy
+    // tokens against the student's 24. In packs of at most 300 tokens a mini-batch (2 groups,
+    // 16 rows of at most 31 fed tokens) makes 2 student packs (rank 1 runs one: the gradient
+    // sums group as on one process) and about 6 of teacher contexts, several on each rank,
+    // whose log-probs are gathered in row order.
+    let sets = [
+        "--set",
+        "algorithm.loss_mode=\"rlsd\"",
+        "--set",
+        "self_distillation.context=\"reference\"",
+        "--set",
+        "batch.train_batch_size=2",
+        "--set",
+        "batch.ppo_mini_batch_size=2",
+        "--set",
+        "batch.max_tokens_per_micro_batch=300",
+    ];
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    ok(&train_on(1, &one, true, 2, &sets));
+    ok(&train_on(2, &two, true, 2, &sets));
+    same_online_run(&one, &two);
+    let metrics = read_metrics(&two, false).unwrap();
+    assert!(metrics
+        .iter()
+        .all(|m| m["self_distillation/reprompt_sample_fraction"].as_f64() == Some(1.0)));
+}
+
+#[test]
 fn online_run_resumes_from_one_process_on_two_ranks() {
     let tmp = tempfile::tempdir().unwrap();
     let (full, part) = (tmp.path().join("full"), tmp.path().join("part"));

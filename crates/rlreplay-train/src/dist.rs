@@ -7,10 +7,12 @@
 //! - The micro-batches (packs of at most `max_tokens_per_micro_batch` tokens) are formed over the
 //!   whole batch or mini-batch exactly as one process forms them, whatever the number of ranks,
 //!   and the packs — never a row of one — are shared out by the partition rule of
-//!   [`rlreplay_dist::partition`] (contiguous, token-balanced). A pack's log-probs and gradient
-//!   are therefore the same bits on any number of ranks.
-//! - Per-token outputs (`ℓ_old`, the current log-probs) are gathered in rank order, which is row
-//!   order, so every rank then holds the whole batch's log-probs. The rollout correction, the
+//!   [`rlreplay_dist::partition`] (contiguous, balanced by the passes' multiply-adds, the
+//!   attention's quadratic term included). A pack's log-probs and gradient are therefore the
+//!   same bits on any number of ranks.
+//! - Per-token outputs (`ℓ_old`, the current log-probs, the teacher's log-probs of `rlsd` /
+//!   `rlrt` over packs of the teacher contexts) are gathered in rank order, which is row order,
+//!   so every rank then holds the whole batch's log-probs. The rollout correction, the
 //!   advantages over whole groups, the loss normalisers (token and sequence counts of the whole
 //!   mini-batch), the loss, its per-token gradient and the loss metrics are then computed from
 //!   the same numbers on every rank: the loss is the single-process loss, bit for bit.
@@ -34,7 +36,7 @@ use rlreplay_dist::{
     all_reduce_metrics, partition, partition_rows, Collective, Engine, Options, Shards,
     SingleProcess,
 };
-use rlreplay_model::{micro_batches, AdamW, Model, SeqPair, StepReport};
+use rlreplay_model::{micro_batches, AdamW, Model, ModelConfig, SeqPair, StepReport};
 
 use crate::config::{Config, RolloutBackend, WeightSync};
 use crate::error::{Error, Result};
@@ -162,17 +164,43 @@ impl<'a> DataParallel<'a> {
     }
 
     /// The pack indices of this rank among `packs` (contiguous row ranges over `pairs`):
-    /// [`partition`] with the packs as units, weighted by fed tokens.
-    fn my_packs(&self, pairs: &[SeqPair<'_>], packs: &[Range<usize>]) -> Result<Range<usize>> {
+    /// [`partition`] with the packs as units, weighted by each pair's [`pass_cost`] under
+    /// `cfg`.
+    fn my_packs(
+        &self,
+        cfg: &ModelConfig,
+        pairs: &[SeqPair<'_>],
+        packs: &[Range<usize>],
+    ) -> Result<Range<usize>> {
         if self.world() == 1 {
             return Ok(0..packs.len());
         }
-        let costs: Vec<u64> = pairs.iter().map(|p| p.fed_tokens() as u64).collect();
+        let costs: Vec<u64> = pairs.iter().map(|p| pass_cost(cfg, p)).collect();
         let parts = partition(&costs, packs, self.world())?;
         let rows = parts[self.comm.rank()].clone();
         let first = packs.partition_point(|p| p.start < rows.start);
         let last = packs.partition_point(|p| p.end <= rows.end);
         Ok(first..last.max(first))
+    }
+
+    /// Runs `pass` on this rank's share of the packs of `pairs` (micro-batches of `budget`
+    /// tokens, formed as one process forms them; shared out by their cost under a model of
+    /// shape `cfg`) and returns the per-token outputs of every pack, flat in pair order, on
+    /// every rank. `pass` gets a pack's row range and returns one output per response token of
+    /// each of its pairs.
+    pub fn packed(
+        &self,
+        cfg: &ModelConfig,
+        pairs: &[SeqPair<'_>],
+        budget: usize,
+        mut pass: impl FnMut(Range<usize>) -> Result<Vec<Vec<f64>>>,
+    ) -> Result<Vec<f64>> {
+        let packs = micro_batches(pairs, budget);
+        let mut out = Vec::new();
+        for c in &packs[self.my_packs(cfg, pairs, &packs)?] {
+            out.extend(pass(c.clone())?.into_iter().flatten());
+        }
+        self.gather(out)
     }
 
     /// Per-token log-probs of `pairs` (no graph), packed into micro-batches of `budget` tokens;
@@ -184,13 +212,9 @@ impl<'a> DataParallel<'a> {
         budget: usize,
         temperature: f64,
     ) -> Result<Vec<f64>> {
-        let packs = micro_batches(pairs, budget);
-        let mut out = Vec::new();
-        for c in &packs[self.my_packs(pairs, &packs)?] {
-            let lp = model.logprobs(&pairs[c.clone()], temperature, false)?;
-            out.extend(lp.logprobs.into_iter().flatten());
-        }
-        self.gather(out)
+        self.packed(model.config(), pairs, budget, |c| {
+            Ok(model.logprobs(&pairs[c], temperature, false)?.logprobs)
+        })
     }
 
     /// Accumulates into `model`'s gradient buffers the gradient of `Σ g_t · ℓ_t` over this
@@ -204,7 +228,6 @@ impl<'a> DataParallel<'a> {
         budget: usize,
         temperature: f64,
     ) -> Result<Vec<f64>> {
-        let packs = micro_batches(pairs, budget);
         let mut at = vec![0usize];
         for p in pairs {
             at.push(at[at.len() - 1] + p.response.len());
@@ -216,13 +239,11 @@ impl<'a> DataParallel<'a> {
                 at[pairs.len()]
             )));
         }
-        let mut out = Vec::new();
-        for c in &packs[self.my_packs(pairs, &packs)?] {
+        let cfg = model.config().clone();
+        self.packed(&cfg, pairs, budget, |c| {
             let g = &grad_logprobs[at[c.start]..at[c.end]];
-            let lp = model.forward_backward(&pairs[c.clone()], g, temperature)?;
-            out.extend(lp.into_iter().flatten());
-        }
-        self.gather(out)
+            Ok(model.forward_backward(&pairs[c], g, temperature)?)
+        })
     }
 
     /// Sums the gradients accumulated on every rank over the ranks, in rank order, so every
@@ -322,10 +343,30 @@ impl<'a> DataParallel<'a> {
             return Ok(());
         }
         let (owner, _) = self.zero_layout(model)?;
-        let me = self.comm.rank();
         let dtype = model.master_dtype();
+        self.send_weights(
+            model,
+            &owner,
+            dtype,
+            Some(0),
+            "gathering the master weights on rank 0",
+        )
+    }
+
+    /// Sends every parameter's weights in `dtype` from its owner (`owner[i]`), one broadcast
+    /// per tensor, to every other rank (`to = None`) or to rank `to` alone (the others drop
+    /// what they receive; the tensors `to` owns are not sent). Every rank calls it.
+    fn send_weights(
+        &self,
+        model: &mut Model,
+        owner: &[usize],
+        dtype: DType,
+        to: Option<usize>,
+        what: &'static str,
+    ) -> Result<()> {
+        let me = self.comm.rank();
         for (i, &o) in owner.iter().enumerate() {
-            if o == 0 {
+            if to == Some(o) {
                 continue;
             }
             let mut bytes = if o == me {
@@ -335,11 +376,8 @@ impl<'a> DataParallel<'a> {
             };
             self.comm
                 .broadcast_bytes(o, &mut bytes)
-                .map_err(|source| Error::Collective {
-                    what: "gathering the master weights on rank 0",
-                    source,
-                })?;
-            if me == 0 {
+                .map_err(|source| Error::Collective { what, source })?;
+            if o != me && to.is_none_or(|t| t == me) {
                 model.set_weight_bytes(i, dtype, &bytes)?;
             }
         }
@@ -515,22 +553,13 @@ impl<'a> DataParallel<'a> {
             // Each owner casts its updated masters to the compute dtype and sends them to the
             // others' replicas.
             let dtype = model.compute_dtype();
-            for (i, &o) in owner.iter().enumerate() {
-                let mut bytes = if o == me {
-                    model.weight_bytes(i, dtype)?
-                } else {
-                    Vec::new()
-                };
-                self.comm
-                    .broadcast_bytes(o, &mut bytes)
-                    .map_err(|source| Error::Collective {
-                        what: "all-gather of the updated weights",
-                        source,
-                    })?;
-                if o != me {
-                    model.set_weight_bytes(i, dtype, &bytes)?;
-                }
-            }
+            self.send_weights(
+                model,
+                &owner,
+                dtype,
+                None,
+                "all-gather of the updated weights",
+            )?;
         } else if !report.skipped {
             let mut mine = Vec::with_capacity(shards.range(me).len());
             for (p, &o) in model.params().iter().zip(&owner) {
@@ -665,6 +694,27 @@ impl<'a> DataParallel<'a> {
     }
 }
 
+/// What one pass over `pair` costs a model of shape `cfg`, in multiply-adds of the forward pass
+/// (the backward pass is about twice as many of the same kinds): per fed token and layer the
+/// projections and the MLP, the causal attention over the sequence so far (the quadratic term:
+/// position `t` attends to `t` keys), and the lm_head of every scored (response) token.
+fn pass_cost(cfg: &ModelConfig, pair: &SeqPair<'_>) -> u64 {
+    let fed = pair.fed_tokens() as u64;
+    if fed == 0 {
+        return 0;
+    }
+    let [h, i, v] = [cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size].map(|x| x as u64);
+    let q = (cfg.num_attention_heads * cfg.head_dim) as u64;
+    let kv = (cfg.num_key_value_heads * cfg.head_dim) as u64;
+    let per_token = h * (2 * q + 2 * kv) + 3 * h * i;
+    // Σ over positions t = 1..fed of t keys, for QKᵀ and for PV.
+    let attention = q * fed * (fed + 1);
+    let layer = fed.saturating_mul(per_token).saturating_add(attention);
+    layer
+        .saturating_mul(cfg.num_hidden_layers as u64)
+        .saturating_add((pair.response.len() as u64).saturating_mul(h * v))
+}
+
 impl Default for DataParallel<'static> {
     /// One process.
     fn default() -> Self {
@@ -683,4 +733,34 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiny shape's terms by hand; the attention's quadratic term makes one long row cost
+    /// more than two rows of half its length, and prompt tokens skip the lm_head.
+    #[test]
+    fn pass_cost_counts_projections_attention_and_lm_head() {
+        let cfg = ModelConfig::tiny();
+        let (prompt, response) = ([2u32; 3], [3u32; 5]);
+        // 7 fed tokens; per token and layer 128·(2·128 + 2·64) + 3·128·384, attention
+        // 128·7·8, lm_head 5·128·512, two layers.
+        let want = 2 * (7 * (128 * 384 + 3 * 128 * 384) + 128 * 7 * 8) + 5 * 128 * 512;
+        assert_eq!(pass_cost(&cfg, &SeqPair::new(&prompt, &response)), want);
+        assert_eq!(pass_cost(&cfg, &SeqPair::new(&prompt, &[])), 0);
+        let long = vec![3u32; 400];
+        let half = vec![3u32; 200];
+        let (one, two) = (
+            pass_cost(&cfg, &SeqPair::new(&[1], &long)),
+            pass_cost(&cfg, &SeqPair::new(&[1], &half)),
+        );
+        assert!(one > 2 * two);
+        let moved = vec![3u32; 201];
+        assert!(
+            pass_cost(&cfg, &SeqPair::new(&moved, &half))
+                < pass_cost(&cfg, &SeqPair::new(&[1], &long))
+        );
+    }
 }

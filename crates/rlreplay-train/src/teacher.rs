@@ -2,8 +2,9 @@
 //! initial model and the current model, `z_T = (1 − α)·z_ref + α·z_cur`, and the EMA teacher,
 //! whose weights follow the student, `θ_T ← (1 − η)·θ_T + η·θ_student`.
 
+use crate::dist::DataParallel;
 use crate::error::{Error, Result};
-use rlreplay_model::{micro_batches, mixed_logprobs, Model, SeqPair};
+use rlreplay_model::{mixed_logprobs, Model, SeqPair};
 use serde::{Deserialize, Serialize};
 
 /// Directory of the EMA teacher inside a checkpoint.
@@ -57,10 +58,12 @@ impl Teacher {
 
     /// Teacher log-probs `log softmax(z_T / τ)[y_t]` of `responses[i]` after the teacher prompts
     /// `prompts[i]`, with `z_T = (1 − α)·z_ref + α·z_policy` (trust region; `policy` is the current
-    /// student) or the EMA model's logits, in packed forward passes of at most `budget` tokens.
+    /// student) or the EMA model's logits, in packed forward passes of at most `budget` tokens
+    /// shared out over `dp`'s ranks as the policy's log-probs are ([`DataParallel::packed`]).
     /// Rows with an empty prompt or response get zeros (no teacher context, or no tokens).
     pub fn logprobs(
         &self,
+        dp: &DataParallel<'_>,
         policy: &Model,
         prompts: &[&[u32]],
         responses: &[&[u32]],
@@ -88,11 +91,14 @@ impl Teacher {
             }
             TeacherRegularization::Ema => vec![(&self.model, 1.0)],
         };
-        for c in micro_batches(&pairs, budget) {
-            let lp = mixed_logprobs(&parts, &pairs[c.clone()], temperature)?;
-            for (k, v) in c.zip(lp) {
-                out[rows[k]] = v;
-            }
+        let flat = dp.packed(self.model.config(), &pairs, budget, |c| {
+            Ok(mixed_logprobs(&parts, &pairs[c], temperature)?)
+        })?;
+        let mut at = 0;
+        for &i in &rows {
+            let len = out[i].len();
+            out[i].copy_from_slice(&flat[at..at + len]);
+            at += len;
         }
         Ok(out)
     }
@@ -174,6 +180,7 @@ mod tests {
     #[test]
     fn teacher_logprobs_match_the_models_log_probs() {
         let (a, b) = (model(1), model(2));
+        let dp = DataParallel::default();
         let prompts: [&[u32]; 4] = [&[1, 2, 3], &[4], &[], &[5, 6]];
         let responses: [&[u32]; 4] = [&[7, 8, 9, 10], &[11], &[12], &[]];
         let pairs: Vec<SeqPair<'_>> = [0, 1, 3]
@@ -187,13 +194,13 @@ mod tests {
         let teacher =
             |r: TeacherRegularization, rate: f64| Teacher::new(model(1), r, rate).unwrap();
         let ema = teacher(TeacherRegularization::Ema, 0.1)
-            .logprobs(&b, &prompts, &responses, 0.7, 4)
+            .logprobs(&dp, &b, &prompts, &responses, 0.7, 4)
             .unwrap();
         assert_eq!(ema[2], vec![0.0], "a row without teacher prompt gets zeros");
         close(&pick(ema), &want_a);
         let tr = |rate: f64, policy: &Model, budget: usize| {
             teacher(TeacherRegularization::TrustRegion, rate)
-                .logprobs(policy, &prompts, &responses, 0.7, budget)
+                .logprobs(&dp, policy, &prompts, &responses, 0.7, budget)
                 .unwrap()
         };
         close(&pick(tr(1.0, &b, 64)), &want_b);
@@ -201,7 +208,7 @@ mod tests {
         close(&pick(tr(0.3, &a, 64)), &want_a);
         close(&tr(0.3, &b, 1), &tr(0.3, &b, 64));
         assert!(teacher(TeacherRegularization::Ema, 0.1)
-            .logprobs(&b, &prompts[..1], &responses, 1.0, 64)
+            .logprobs(&dp, &b, &prompts[..1], &responses, 1.0, 64)
             .is_err());
         assert!(Teacher::new(model(1), TeacherRegularization::Ema, 1.5).is_err());
     }

@@ -174,7 +174,7 @@ pub fn update(
                         let ps: Vec<&[u32]> =
                             ti.prompts[r.clone()].iter().map(Vec::as_slice).collect();
                         let ys: Vec<&[u32]> = r.clone().map(|i| batch.response(i)).collect();
-                        let lp = ti.teacher.logprobs(policy, &ps, &ys, tau, budget)?;
+                        let lp = ti.teacher.logprobs(dp, policy, &ps, &ys, tau, budget)?;
                         Some(lp.into_iter().flatten().collect())
                     }
                     None => None,
