@@ -6,7 +6,15 @@
 # in the gradient all-reduce and in the log-prob gathers (timing_s/grad_all_reduce,
 # timing_s/logprob_gather over perf/time_per_step).
 #
-#   bench/ranks.sh            (env: ROUNDS=3 STEPS=4 OUT=bench/out/ranks BIN=<rlreplay>)
+# Also prints each run's CPU seconds (user + system, all processes of the job): what two ranks
+# spend beyond one process, a figure that other load on the machine disturbs little.
+#
+# Micro-batches of at most BUDGET tokens (default 1024): a mini-batch of 8 groups (about 16,400
+# tokens) then makes about 18 micro-batches, 9 per rank. They go out whole, so the cut between the
+# ranks falls within half a micro-batch of the even split; docs/SCALING.md explains the choice
+# (at 2048 tokens, 8-9 per mini-batch, the busier rank holds about 53 % of the work).
+#
+#   bench/ranks.sh            (env: ROUNDS=3 STEPS=4 BUDGET=1024 OUT=bench/out/ranks BIN=<rlreplay>)
 # Needs Open MPI (openmpi-bin libopenmpi-dev) and libclang-dev; BIN defaults to the release build
 # `cargo build --release --features rlreplay-cli/mpi --bin rlreplay` (made here when BIN is not
 # given; build it first and pass BIN when timing in a quiet window).
@@ -15,6 +23,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/ranks}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-4}
+BUDGET=${BUDGET:-1024}
 if [ -z "${BIN:-}" ]; then
     cargo build --release --quiet --features rlreplay-cli/mpi --bin rlreplay
     BIN=target/release/rlreplay
@@ -43,16 +52,18 @@ loss_mode = "reinforce"
 lr = 1e-5
 [batch]
 ppo_mini_batch_size = 8
-max_tokens_per_micro_batch = 2048
+max_tokens_per_micro_batch = $BUDGET
 [trainer]
 threads = 1
 save_freq = 0
 loggers = ["jsonl"]
 TOML
 export CANDLE_NUM_THREADS=1
+cpu() { /usr/bin/time -f "%U %S" -o "$1" "${@:2}"; }
 for r in $(seq "$ROUNDS"); do
-    "$BIN" replay --config "$OUT/replay.toml" --out "$OUT/one-$r" --quiet >/dev/null
-    mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none \
+    cpu "$OUT/one-$r.cpu" "$BIN" replay --config "$OUT/replay.toml" --out "$OUT/one-$r" \
+        --quiet >/dev/null
+    cpu "$OUT/two-$r.cpu" mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none \
         -x CANDLE_NUM_THREADS "$BIN" replay --config "$OUT/replay.toml" --out "$OUT/two-$r" \
         --quiet >/dev/null
 done
@@ -72,9 +83,12 @@ for r in range(1, rounds + 1):
     t1, t = mean(one, "perf/time_per_step"), mean(two, "perf/time_per_step")
     u1, u = mean(one, "timing_s/update"), mean(two, "timing_s/update")
     ar, ga = mean(two, "timing_s/grad_all_reduce"), mean(two, "timing_s/logprob_gather")
+    c1, c2 = (sum(map(float, open(f"{out}/{run}-{r}.cpu").read().split()[-2:]))
+              for run in ("one", "two"))
     ratios.append(b / a)
     print(f"round {r}: 1 rank {a:,.0f} tokens/s, 2 ranks {b:,.0f} tokens/s, {b / a:.2f}x; "
           f"step {t1:.3f} s / {t:.3f} s (update {u1:.3f} s / {u:.3f} s); 2 ranks: all-reduce "
-          f"{100 * ar / t:.1f} %, log-prob gathers {100 * ga / t:.1f} %")
+          f"{100 * ar / t:.1f} %, log-prob gathers {100 * ga / t:.1f} %; CPU {c1:.1f} s / "
+          f"{c2:.1f} s (+{100 * (c2 / c1 - 1):.1f} %)")
 print(f"median ratio {statistics.median(ratios):.2f}x")
 PY
