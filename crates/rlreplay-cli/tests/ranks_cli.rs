@@ -447,6 +447,21 @@ fn train_on(n: usize, out: &Path, fresh: bool, steps: u64, more: &[&str]) -> Out
     }
 }
 
+/// `steps` online steps with `more` into `dir/one` on one process and `dir/two` on two ranks,
+/// checked with [`same_online_run`]; returns `dir/two`.
+fn same_on_one_and_two(dir: &Path, steps: u64, more: &[&str]) -> PathBuf {
+    let (one, two) = (dir.join("one"), dir.join("two"));
+    ok(&train_on(1, &one, true, steps, more));
+    ok(&train_on(2, &two, true, steps, more));
+    same_online_run(&one, &two);
+    two
+}
+
+/// `--set KEY=VALUE` for each of `sets`.
+fn set_args<'a>(sets: &[&'a str]) -> Vec<&'a str> {
+    sets.iter().flat_map(|s| ["--set", s]).collect()
+}
+
 /// [`same_bits`] and the same rollout shards and validation results.
 fn same_online_run(one: &Path, two: &Path) {
     same_bits(one, two);
@@ -491,18 +506,12 @@ fn online_rlsd_and_more_ranks_than_groups_are_one_process_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     // Self-distillation: the teacher contexts need every row's text on every rank. One prompt
     // group per step on two ranks: rank 1 generates nothing.
-    let sets = [
-        "--set",
+    let sets = set_args(&[
         "algorithm.loss_mode=\"rlsd\"",
-        "--set",
         "self_distillation.context=\"sibling\"",
-        "--set",
         "batch.train_batch_size=1",
-    ];
-    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
-    ok(&train_on(1, &one, true, 2, &sets));
-    ok(&train_on(2, &two, true, 2, &sets));
-    same_online_run(&one, &two);
+    ]);
+    same_on_one_and_two(tmp.path(), 2, &sets);
 }
 
 #[test]
@@ -513,22 +522,14 @@ fn online_rlsd_teacher_passes_shared_out_are_one_process_bit_for_bit() {
     // 16 rows of at most 31 fed tokens) makes 2 student packs (rank 1 runs one: the gradient
     // sums group as on one process) and about 6 of teacher contexts, several on each rank,
     // whose log-probs are gathered in row order.
-    let sets = [
-        "--set",
+    let sets = set_args(&[
         "algorithm.loss_mode=\"rlsd\"",
-        "--set",
         "self_distillation.context=\"reference\"",
-        "--set",
         "batch.train_batch_size=2",
-        "--set",
         "batch.ppo_mini_batch_size=2",
-        "--set",
         "batch.max_tokens_per_micro_batch=300",
-    ];
-    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
-    ok(&train_on(1, &one, true, 2, &sets));
-    ok(&train_on(2, &two, true, 2, &sets));
-    same_online_run(&one, &two);
+    ]);
+    let two = same_on_one_and_two(tmp.path(), 2, &sets);
     let metrics = read_metrics(&two, false).unwrap();
     assert!(metrics
         .iter()
@@ -620,14 +621,11 @@ fn online_remote_on_two_ranks_is_the_local_run() {
         .unwrap();
     let endpoints = format!("rollout.endpoints=[{:?}]", server.url());
     let remote = tmp.path().join("remote");
-    let sets = [
-        "--set",
+    let sets = set_args(&[
         "rollout.backend=\"remote\"",
-        "--set",
         &endpoints,
-        "--set",
         "rollout.request_timeout_s=60",
-    ];
+    ]);
     ok(&train_on(2, &remote, true, 4, &sets));
     same_online_run(&local, &remote);
     assert!(remote.join("weights/step_4/STABLE").is_file());
