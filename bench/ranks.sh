@@ -31,7 +31,7 @@ fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 "$BIN" synth --out "$OUT/dataset" --steps "$STEPS" --prompts 16 --group 8 --vocab 512 \
-  --mean-len 192 --max-len 512 --prompt-len 64 --eos 1 --pattern-len 4 --seed 0 >/dev/null
+  --mean-len 192 --max-len 512 --prompt-len 64 --eos 1 --pattern-len 4 --seed 0 >/dev/null 2>&1
 cat >"$OUT/replay.toml" <<TOML
 [model.random]
 vocab_size = 512
@@ -89,6 +89,6 @@ for r in range(1, rounds + 1):
     print(f"round {r}: 1 rank {a:,.0f} tokens/s, 2 ranks {b:,.0f} tokens/s, {b / a:.2f}x; "
           f"step {t1:.3f} s / {t:.3f} s (update {u1:.3f} s / {u:.3f} s); 2 ranks: all-reduce "
           f"{100 * ar / t:.1f} %, log-prob gathers {100 * ga / t:.1f} %; CPU {c1:.1f} s / "
-          f"{c2:.1f} s (+{100 * (c2 / c1 - 1):.1f} %)")
+          f"{c2:.1f} s ({100 * (c2 / c1 - 1):+.1f} %)")
 print(f"median ratio {statistics.median(ratios):.2f}x")
 PY
