@@ -10,9 +10,9 @@
 # spend beyond one process, a figure that other load on the machine disturbs little.
 #
 # Micro-batches of at most BUDGET tokens (default 1024): a mini-batch of 8 groups (about 16,400
-# tokens) then makes about 18 micro-batches, 9 per rank. They go out whole, so the cut between the
-# ranks falls within half a micro-batch of the even split; docs/SCALING.md explains the choice
-# (at 2048 tokens, 8-9 per mini-batch, the busier rank holds about 53 % of the work).
+# tokens) then makes 18-23 micro-batches, about 10 per rank. They go out whole, so the cut between
+# the ranks falls within half a micro-batch of the even split; docs/SCALING.md explains the choice
+# (at 2048 tokens, 8-10 per mini-batch, the busier rank holds 53.6 % of the work, 51.5 % at 1024).
 #
 #   bench/ranks.sh            (env: ROUNDS=3 STEPS=4 BUDGET=1024 OUT=bench/out/ranks BIN=<rlreplay>)
 # Needs Open MPI (openmpi-bin libopenmpi-dev) and libclang-dev; BIN defaults to the release build
