@@ -723,18 +723,6 @@ impl Default for DataParallel<'static> {
     }
 }
 
-/// An error and its causes, `: `-separated (what a rank prints before it ends the job).
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
+use rlreplay_data::error::chain;
 use rlreplay_data::resolve_hub_path;
 use rlreplay_dist::{Collective, SingleProcess};
 use rlreplay_model::{AdamW, LrSchedule, Model};
@@ -130,7 +131,7 @@ pub fn run(opts: &RunOptions) -> Result<RunSummary> {
             .and_then(|mut t| t.run(opts.stop_after, opts.progress));
         match result {
             Err(e) if comm.world() > 1 => {
-                eprintln!("rank {}: error: {}", comm.rank(), dist::chain(&e));
+                eprintln!("rank {}: error: {}", comm.rank(), chain(&e));
                 comm.abort(dist::ERROR_CODE)
             }
             r => r,
