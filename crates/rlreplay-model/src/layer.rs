@@ -79,12 +79,23 @@ impl<W> Linear<W> {
 }
 
 impl Linear<Tensor> {
-    /// `x·Wᵀ (+ b)` for `x: [T, in]`.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = ops::linear(x, &self.weight)?;
+    /// `x·Wᵀ (+ b)` for `x: [T, in]`, split into `heads`: `[T, heads, out / heads]`.
+    fn forward_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
         Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
+            Some(b) => {
+                let y = ops::linear(x, &self.weight)?.broadcast_add(b)?;
+                let (t, out) = y.dims2()?;
+                y.reshape((t, heads, out / heads))?
+            }
+            None => ops::linear_heads(x, &self.weight, heads)?,
+        })
+    }
+
+    /// `r + x·Wᵀ (+ b)` for `x: [T, in]` (or `[T, heads, D]`) and the residual `r: [T, out]`.
+    fn forward_add(&self, x: &Tensor, r: &Tensor) -> Result<Tensor> {
+        Ok(match &self.bias {
+            Some(b) => (r + ops::linear(x, &self.weight)?.broadcast_add(b)?)?,
+            None => ops::linear_add(x, &self.weight, r)?,
         })
     }
 }
@@ -211,30 +222,25 @@ impl DecoderLayer<Tensor> {
         ctx: &LayerCtx<'_>,
         attend: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let (hq, hkv, d) = ctx.heads;
-        let t = x.dim(0)?;
+        let (hq, hkv, _) = ctx.heads;
         let a = &self.self_attn;
-        let head_norm = |x: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+        let norm_rope = |x: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
             Ok(match w {
-                Some(w) => ops::rms_norm(&x, w, ctx.eps)?,
-                None => x,
+                Some(w) => ops::norm_rope(&x, w, ctx.eps, ctx.cos, ctx.sin)?,
+                None => ops::rope(&x, ctx.cos, ctx.sin)?,
             })
         };
         let h = ops::rms_norm(x, &self.input_layernorm, ctx.eps)?;
-        let q = a.q_proj.forward(&h)?.reshape((t, hq, d))?;
-        let k = a.k_proj.forward(&h)?.reshape((t, hkv, d))?;
-        let v = a.v_proj.forward(&h)?.reshape((t, hkv, d))?;
-        let q = ops::rope(&head_norm(q, &a.q_norm)?, ctx.cos, ctx.sin)?;
-        let k = ops::rope(&head_norm(k, &a.k_norm)?, ctx.cos, ctx.sin)?;
+        let q = a.q_proj.forward_heads(&h, hq)?;
+        let k = a.k_proj.forward_heads(&h, hkv)?;
+        let v = a.v_proj.forward_heads(&h, hkv)?;
+        let q = norm_rope(q, &a.q_norm)?;
+        let k = norm_rope(k, &a.k_norm)?;
         let o = attend(&q, &k, &v)?;
-        let x = (x + a.o_proj.forward(&o.reshape((t, hq * d))?)?)?;
+        let x = a.o_proj.forward_add(&o, x)?;
         let h = ops::rms_norm(&x, &self.post_attention_layernorm, ctx.eps)?;
-        let linear = ops::linear;
-        let m = ops::swiglu(
-            &linear(&h, &self.mlp.gate_proj)?,
-            &linear(&h, &self.mlp.up_proj)?,
-        )?;
-        Ok((&x + linear(&m, &self.mlp.down_proj)?)?)
+        let m = ops::gated_up(&h, &self.mlp.gate_proj, &self.mlp.up_proj)?;
+        Ok(ops::linear_add(&m, &self.mlp.down_proj, &x)?)
     }
 }
 

@@ -188,6 +188,29 @@ fn rope_matches_reference_and_finite_differences() {
 }
 
 #[test]
+fn norm_rope_matches_reference_and_finite_differences() {
+    let (t, heads, d) = (5, 3, 8);
+    let angles: Vec<f64> = (0..t * d / 2).map(|i| i as f64 * 0.37).collect();
+    let table = |f: fn(f64) -> f64| Input {
+        values: angles.iter().map(|&a| f(a)).collect(),
+        shape: vec![t, d / 2],
+        differentiable: false,
+    };
+    let mut inputs = [
+        input(&[t, heads, d], 21.0, 2.0, true),
+        input(&[d], 22.0, 1.0, true),
+        table(f64::cos),
+        table(f64::sin),
+    ];
+    check(
+        "norm_rope",
+        &|x| ops::norm_rope(&x[0], &x[1], 1e-6, &x[2], &x[3]),
+        &|x| composite::rope(&composite::rms_norm(&x[0], &x[1], 1e-6)?, &x[2], &x[3]),
+        &mut inputs,
+    );
+}
+
+#[test]
 fn swiglu_matches_reference_and_finite_differences() {
     let mut inputs = [
         input(&[7, 33], 4.0, 8.0, true),
@@ -283,6 +306,46 @@ fn linear_matches_reference_and_finite_differences() {
 }
 
 #[test]
+fn linear_add_and_heads_match_reference_and_finite_differences() {
+    let mut inputs = [
+        input(&[13, 3, 3], 16.0, 2.0, true),
+        input(&[6, 9], 17.0, 2.0, true),
+        input(&[13, 6], 18.0, 2.0, true),
+    ];
+    check(
+        "linear_add",
+        &|t| ops::linear_add(&t[0], &t[1], &t[2]),
+        &|t| &t[2] + t[0].reshape((13, 9))?.matmul(&t[1].t()?)?,
+        &mut inputs,
+    );
+    let mut inputs = [
+        input(&[13, 9], 19.0, 2.0, true),
+        input(&[6, 9], 20.0, 2.0, true),
+    ];
+    check(
+        "linear_heads",
+        &|t| ops::linear_heads(&t[0], &t[1], 2),
+        &|t| t[0].matmul(&t[1].t()?)?.reshape((13, 2, 3)),
+        &mut inputs,
+    );
+}
+
+#[test]
+fn gated_up_matches_reference_and_finite_differences() {
+    let mut inputs = [
+        input(&[13, 9], 13.0, 2.0, true),
+        input(&[7, 9], 14.0, 2.0, true),
+        input(&[7, 9], 15.0, 2.0, true),
+    ];
+    check(
+        "gated_up",
+        &|t| ops::gated_up(&t[0], &t[1], &t[2]),
+        &|t| composite::swiglu(&t[0].matmul(&t[1].t()?)?, &t[0].matmul(&t[2].t()?)?),
+        &mut inputs,
+    );
+}
+
+#[test]
 fn packed_attention_equals_each_sequence_alone() {
     let offsets = [0, 5, 75, 90];
     let (t, hq, hkv, d) = (90, 6, 2, 4);
@@ -370,6 +433,13 @@ fn bad_inputs_are_errors_naming_the_problem() {
     let cs = Tensor::zeros((6, 3), DType::F32, &dev).unwrap();
     assert!(ops::rope(&q, &cs, &cs).is_err());
     assert!(ops::swiglu(&x, &h).is_err());
+    let w = Tensor::zeros((6, 8), DType::F32, &dev).unwrap();
+    let err = ops::linear_add(&x, &w, &x).unwrap_err();
+    assert!(err.to_string().contains("residual"), "{err}");
+    let err = ops::linear_heads(&x, &w, 4).unwrap_err();
+    assert!(err.to_string().contains("4 heads"), "{err}");
+    assert!(ops::gated_up(&x, &w, &bad).is_err());
+    assert!(ops::gated_up(&h, &w, &w).is_err());
 }
 
 /// Score-block budgets that split the test sequences into several query blocks (one row, a few

@@ -103,13 +103,16 @@ impl PackedAttention {
             .par_iter()
             .map(|&(st, len, h)| self.fwd_unit(q, k, v, dims, st, len, h))
             .collect::<Result<Vec<_>>>()?;
-        let mut out = vec![T::zero(); q.len()];
-        let mut lse = vec![T::zero(); q.len() / d];
-        for (&(st, len, h), (o, l)) in units.iter().zip(parts) {
-            for i in 0..len {
-                let dst = ((st + i) * hq + h) * d;
-                out[dst..dst + d].copy_from_slice(&o[i * d..(i + 1) * d]);
-                lse[(st + i) * hq + h] = l[i];
+        // The sequences cover the tokens in order, so writing token by token, head by head fills
+        // `[T, Hq, D]` without zeroing it first.
+        let mut out = Vec::with_capacity(q.len());
+        let mut lse = Vec::with_capacity(q.len() / d);
+        for seq in parts.chunks(hq.max(1)) {
+            for i in 0..seq.first().map_or(0, |(_, l)| l.len()) {
+                for (o, l) in seq {
+                    out.extend_from_slice(&o[i * d..(i + 1) * d]);
+                    lse.push(l[i]);
+                }
             }
         }
         Ok((out, lse))
@@ -193,7 +196,7 @@ impl PackedAttention {
         lse: &[T],
         dims: Dims,
     ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        let Dims { hq, hkv, d } = dims;
+        let Dims { hkv, d, .. } = dims;
         let group = dims.group();
         let units: Vec<(usize, usize, usize)> = self
             .seqs()
@@ -204,19 +207,20 @@ impl PackedAttention {
             .par_iter()
             .map(|&(st, len, g)| self.bwd_unit(qkvog, lse, dims, st, len, g))
             .collect::<Result<Vec<_>>>()?;
-        let mut dq = vec![T::zero(); qkvog[0].len()];
-        let mut dk = vec![T::zero(); qkvog[1].len()];
-        let mut dv = vec![T::zero(); qkvog[2].len()];
-        for (&(st, len, g), (pq, pk, pv)) in units.iter().zip(parts) {
+        // As in the forward pass: token by token, head by head, without zeroing first.
+        let mut dq = Vec::with_capacity(qkvog[0].len());
+        let mut dk = Vec::with_capacity(qkvog[1].len());
+        let mut dv = Vec::with_capacity(qkvog[2].len());
+        for (seq, &(_, len, _)) in parts.chunks(hkv).zip(units.iter().step_by(hkv)) {
             for i in 0..len {
-                for hh in 0..group {
-                    let dst = ((st + i) * hq + g * group + hh) * d;
-                    let src = (hh * len + i) * d;
-                    dq[dst..dst + d].copy_from_slice(&pq[src..src + d]);
+                for (pq, pk, pv) in seq {
+                    for hh in 0..group {
+                        let src = (hh * len + i) * d;
+                        dq.extend_from_slice(&pq[src..src + d]);
+                    }
+                    dk.extend_from_slice(&pk[i * d..(i + 1) * d]);
+                    dv.extend_from_slice(&pv[i * d..(i + 1) * d]);
                 }
-                let dst = ((st + i) * hkv + g) * d;
-                dk[dst..dst + d].copy_from_slice(&pk[i * d..(i + 1) * d]);
-                dv[dst..dst + d].copy_from_slice(&pv[i * d..(i + 1) * d]);
             }
         }
         Ok((dq, dk, dv))

@@ -3,6 +3,7 @@
 
 use candle_core::{bail, CpuStorage, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
 use gemm::Parallelism;
+use std::mem::MaybeUninit;
 
 /// Floating-point element types the CPU kernels are written for (f32 and f64).
 pub(crate) trait Real:
@@ -313,6 +314,32 @@ pub(crate) fn gemm_new<T: Real>(
         out.set_len(m * n);
     }
     Ok(out)
+}
+
+/// A buffer of `n` elements that `fill` writes, without zeroing it first: `fill` gets the `n`
+/// uninitialised elements.
+///
+/// # Safety
+///
+/// `fill` must write every element of the slice it is given.
+pub(crate) unsafe fn new_written<T>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<T>])) -> Vec<T> {
+    let mut out = Vec::with_capacity(n);
+    fill(&mut out.spare_capacity_mut()[..n]);
+    // SAFETY: the `n` elements are within the capacity, and the caller guarantees that `fill`
+    // wrote every one of them.
+    unsafe { out.set_len(n) };
+    out
+}
+
+/// `xs` as initialised values.
+///
+/// # Safety
+///
+/// Every element of `xs` must have been written.
+pub(crate) unsafe fn assume_written<T>(xs: &mut [MaybeUninit<T>]) -> &mut [T] {
+    // SAFETY: `MaybeUninit<T>` has the layout of `T`, and the caller guarantees that every element
+    // is initialised.
+    unsafe { &mut *(xs as *mut [MaybeUninit<T>] as *mut [T]) }
 }
 
 /// Rows per parallel task so that each task handles at least `min_elems` elements.

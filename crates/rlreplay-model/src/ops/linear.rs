@@ -2,19 +2,45 @@
 //! gemm into a fresh buffer (not zeroed first). Through candle's matmul the weight enters as the
 //! view `Wᵀ`, so its backward materialises `dWᵀ`, adds it to a zero tensor, then transposes that
 //! into another.
+//!
+//! `x` may be `[T, heads, D]` (read as `[T, heads·D]`) and the output may be split into heads,
+//! so the layer needs no reshape nodes around its projections; [`LinearAdd`] adds a residual in
+//! the same gemm, so the layer needs no add node after its output projections.
 
-use super::cpu::{gemm_new, slice, storage, tensor, with_slices, MatRef, Real};
+use super::cpu::{gemm, gemm_new, slice, storage, tensor, with_slices, MatRef, Real};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
-/// `x [T, in]`, `W [out, in]` → `x · Wᵀ [T, out]`.
-pub(crate) struct Linear;
+/// `x [T, in]` (or `[T, a, b]` with `a·b = in`), `W [out, in]` → `x · Wᵀ`, `[T, out]` or, with
+/// `heads`, `[T, heads, out / heads]`.
+pub(crate) struct Linear {
+    /// Heads to split the output into.
+    pub heads: Option<usize>,
+}
+
+/// `x [T, in]` (or `[T, a, b]`), `W [out, in]`, `r [T, out]` → `r + x · Wᵀ`: the gemm accumulates
+/// into a copy of `r`, and the backward pass hands `r` the output gradient.
+pub(crate) struct LinearAdd;
 
 /// `a · bᵀ` for row-major `a [m, k]` and `b [n, k]`.
-fn a_bt<T: Real>(a: &[T], b: &[T], k: usize) -> Result<Vec<T>> {
+pub(super) fn a_bt<T: Real>(a: &[T], b: &[T], k: usize) -> Result<Vec<T>> {
     let (m, n) = (a.len() / k.max(1), b.len() / k.max(1));
     let (am, bm) = (MatRef::rows(a, 0, m, k, k), MatRef::rows(b, 0, n, k, k));
     gemm_new(am, bm.t(), T::one(), true)
+}
+
+/// `(T, in, out)` of `x` and `W`, `x` read as `[T, in]`.
+fn dims(op: &str, x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
+    let (out, inp) = w.shape().dims2()?;
+    let t = x.dims().first().copied().unwrap_or(0);
+    if x.dims().len() < 2 || t * inp != x.shape().elem_count() {
+        bail!(
+            "{op}: x {:?} and weight {:?} do not match",
+            x.dims(),
+            w.dims()
+        );
+    }
+    Ok((t, inp, out))
 }
 
 /// `(dy · W, dyᵀ · x)` for `x [T, in]`, `W [out, in]`, `dy [T, out]`.
@@ -31,6 +57,21 @@ fn bwd_t<T: Real>(x: &[T], w: &[T], dy: &[T], inp: usize) -> Result<(Vec<T>, Vec
     Ok((dx, dw))
 }
 
+/// The gradients `(dx, dW)` of `x · Wᵀ` for the output gradient `grad`, in the shapes of `x`, `W`.
+fn grads(op: &str, x: &Tensor, w: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn run<T: Real>(op: &str, [x, w, g]: [&Tensor; 3]) -> Result<(Tensor, Tensor)> {
+        let inp = w.dims()[1];
+        let (dx, dw) = with_slices::<T, _>(op, &[x, w, g], |s| bwd_t(s[0], s[1], s[2], inp))?;
+        Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
+    }
+    let args = [x, w, grad];
+    match x.dtype() {
+        candle_core::DType::F32 => run::<f32>(op, args),
+        candle_core::DType::F64 => run::<f64>(op, args),
+        dt => bail!("{op}: unsupported dtype {dt:?}"),
+    }
+}
+
 impl CustomOp2 for Linear {
     fn name(&self) -> &'static str {
         "rlreplay-linear"
@@ -44,16 +85,12 @@ impl CustomOp2 for Linear {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let n = self.name();
-        let (t, k) = l1.shape().dims2()?;
-        let (out, k2) = l2.shape().dims2()?;
-        if k != k2 {
-            bail!(
-                "{n}: x {:?} and weight {:?} do not match",
-                l1.dims(),
-                l2.dims()
-            );
-        }
-        let shape = (t, out);
+        let (t, k, out) = dims(n, l1, l2)?;
+        let shape: Shape = match self.heads {
+            Some(h) if h > 0 && out % h == 0 => (t, h, out / h).into(),
+            Some(h) => bail!("{n}: {out} outputs do not split into {h} heads"),
+            None => (t, out).into(),
+        };
         match s1 {
             CpuStorage::F32(_) => Ok(storage(
                 a_bt::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?, k)?,
@@ -74,18 +111,65 @@ impl CustomOp2 for Linear {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        fn run<T: Real>(op: &Linear, [x, w, g]: [&Tensor; 3]) -> Result<(Tensor, Tensor)> {
-            let inp = x.dims()[1];
-            let (dx, dw) =
-                with_slices::<T, _>(op.name(), &[x, w, g], |s| bwd_t(s[0], s[1], s[2], inp))?;
-            Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
-        }
-        let args = [x, w, grad];
-        let (dx, dw) = match x.dtype() {
-            candle_core::DType::F32 => run::<f32>(self, args)?,
-            candle_core::DType::F64 => run::<f64>(self, args)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let (dx, dw) = grads(self.name(), x, w, grad)?;
         Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// `r + a · bᵀ` for row-major `a [m, k]`, `b [n, k]` and `r [m, n]`.
+fn r_plus_a_bt<T: Real>(a: &[T], b: &[T], r: &[T], k: usize) -> Result<Vec<T>> {
+    let (m, n) = (a.len() / k.max(1), b.len() / k.max(1));
+    let (am, bm) = (MatRef::rows(a, 0, m, k, k), MatRef::rows(b, 0, n, k, k));
+    let mut out = r.to_vec();
+    gemm(&mut out, 0, n, true, am, bm.t(), T::one(), true)?;
+    Ok(out)
+}
+
+impl CustomOp3 for LinearAdd {
+    fn name(&self) -> &'static str {
+        "rlreplay-linear-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let (t, k, out) = dims(n, l1, l2)?;
+        if l3.dims() != [t, out] {
+            bail!(
+                "{n}: residual {:?} does not match the output [{t}, {out}]",
+                l3.dims()
+            );
+        }
+        let shape = (t, out);
+        match s1 {
+            CpuStorage::F32(_) => Ok(storage(
+                r_plus_a_bt::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?, slice(n, s3, l3)?, k)?,
+                shape,
+            )),
+            CpuStorage::F64(_) => Ok(storage(
+                r_plus_a_bt::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?, slice(n, s3, l3)?, k)?,
+                shape,
+            )),
+            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
+        }
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _r: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw) = grads(self.name(), x, w, grad)?;
+        Ok((Some(dx), Some(dw), Some(grad.clone())))
     }
 }

@@ -15,7 +15,9 @@ mod cpu;
 pub(crate) mod decode;
 mod linear;
 mod logprobs;
+mod mlp;
 mod norm;
+mod norm_rope;
 mod rope;
 mod swiglu;
 
@@ -82,6 +84,48 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
 /// Rotary position embedding, rotate-half convention: `x * cos + rotate_half(x) * sin` with the
 /// `[T, D/2]` tables duplicated to `D`. `x: [T, heads, D]`.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    check_rope(x, cos, sin)?;
+    if kernel_applies(&[x]) && cos.device().is_cpu() && sin.device().is_cpu() {
+        let (cos, sin) = rope_tables(x, cos, sin)?;
+        x.contiguous()?.apply_op3(&cos, &sin, rope::Rope)
+    } else {
+        composite::rope(x, cos, sin)
+    }
+}
+
+/// [`rope`] of [`rms_norm`] over every head, `rope(rms_norm(x, weight, eps), cos, sin)` for
+/// `x: [T, heads, D]` and `weight: [D]`: on the CPU (f32, f64) one op running both kernels.
+pub fn norm_rope(
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    check_rope(x, cos, sin)?;
+    if kernel_applies(&[x, weight])
+        && weight.dims() == [x.dim(2)?]
+        && cos.device().is_cpu()
+        && sin.device().is_cpu()
+    {
+        let (cos, sin) = rope_tables(x, cos, sin)?;
+        let op = norm_rope::NormRope { eps, cos, sin };
+        x.contiguous()?.apply_op2(&weight.contiguous()?, op)
+    } else {
+        rope(&rms_norm(x, weight, eps)?, cos, sin)
+    }
+}
+
+/// The rotary tables in x's dtype, contiguous.
+fn rope_tables(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok((
+        cos.to_dtype(x.dtype())?.contiguous()?,
+        sin.to_dtype(x.dtype())?.contiguous()?,
+    ))
+}
+
+/// Checks the rotary embedding's arguments: `x: [T, heads, D]` with `D` even, tables `[T, D/2]`.
+fn check_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<()> {
     let (t, _heads, d) = x.dims3()?;
     if d % 2 != 0 {
         bail!("rope: head dimension {d} is odd");
@@ -95,13 +139,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
             );
         }
     }
-    if kernel_applies(&[x]) && cos.device().is_cpu() && sin.device().is_cpu() {
-        let cos = cos.to_dtype(x.dtype())?.contiguous()?;
-        let sin = sin.to_dtype(x.dtype())?.contiguous()?;
-        x.contiguous()?.apply_op3(&cos, &sin, rope::Rope)
-    } else {
-        composite::rope(x, cos, sin)
-    }
+    Ok(())
 }
 
 /// SwiGLU gating `silu(gate) * up` for tensors of equal shape.
@@ -121,14 +159,68 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The projection `x · Wᵀ` for `x: [T, in]` and `weight: [out, in]`: on the CPU (f32, f64) one
-/// gemm forward and two backward, straight into `dx` and `dW`; elsewhere candle's matmul.
+/// The projection `x · Wᵀ` for `x: [T, in]` (or `[T, a, b]`, read as `[T, a·b]`) and
+/// `weight: [out, in]`, `[T, out]`: on the CPU (f32, f64) one gemm forward and two backward,
+/// straight into `dx` and `dW`; elsewhere candle's matmul.
 pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
-    if x.rank() == 2 && weight.rank() == 2 && kernel_applies(&[x, weight]) {
-        x.contiguous()?
-            .apply_op2(&weight.contiguous()?, linear::Linear)
+    project(x, weight, None)
+}
+
+/// [`linear`] with its output split into `heads`: `[T, heads, out / heads]`.
+pub fn linear_heads(x: &Tensor, weight: &Tensor, heads: usize) -> Result<Tensor> {
+    project(x, weight, Some(heads))
+}
+
+fn project(x: &Tensor, weight: &Tensor, heads: Option<usize>) -> Result<Tensor> {
+    if x.rank() >= 2 && weight.rank() == 2 && kernel_applies(&[x, weight]) {
+        return x
+            .contiguous()?
+            .apply_op2(&weight.contiguous()?, linear::Linear { heads });
+    }
+    let y = x.flatten_from(1)?.matmul(&weight.t()?)?;
+    match heads {
+        Some(h) => {
+            let (t, out) = y.dims2()?;
+            if h == 0 || out % h != 0 {
+                bail!("linear: {out} outputs do not split into {h} heads");
+            }
+            y.reshape((t, h, out / h))
+        }
+        None => Ok(y),
+    }
+}
+
+/// The projection with a residual, `residual + x · Wᵀ` (`x` as in [`linear`], `residual:
+/// [T, out]`): on the CPU (f32, f64) one op whose gemm accumulates into a copy of the residual
+/// and whose backward hands the residual the output gradient; elsewhere `residual + linear(x, W)`.
+pub fn linear_add(x: &Tensor, weight: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    if x.rank() >= 2 && weight.rank() == 2 && kernel_applies(&[x, weight, residual]) {
+        x.contiguous()?.apply_op3(
+            &weight.contiguous()?,
+            &residual.contiguous()?,
+            linear::LinearAdd,
+        )
     } else {
-        x.matmul(&weight.t()?)
+        residual + linear(x, weight)?
+    }
+}
+
+/// The gated half of the SwiGLU MLP, `swiglu(x · W_gateᵀ, x · W_upᵀ)` for `x: [T, H]` and
+/// `w_gate`, `w_up: [I, H]`: on the CPU (f32, f64) one op whose backward writes `dx` with one
+/// accumulating gemm; elsewhere [`linear`] twice and [`swiglu`].
+pub fn gated_up(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
+    if x.rank() == 2
+        && w_gate.rank() == 2
+        && w_gate.dims() == w_up.dims()
+        && kernel_applies(&[x, w_gate, w_up])
+    {
+        x.contiguous()?.apply_op3(
+            &w_gate.contiguous()?,
+            &w_up.contiguous()?,
+            mlp::GatedUp::default(),
+        )
+    } else {
+        swiglu(&linear(x, w_gate)?, &linear(x, w_up)?)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Fused RMSNorm with backward (gradients for the input and the weight).
 
-use super::cpu::{c, rows_per_task, slice, storage, tensor, with_slices, Real};
+use super::cpu::{c, new_written, rows_per_task, slice, storage, tensor, with_slices, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -18,57 +18,73 @@ fn rinv<T: Real>(row: &[T], eps: f64) -> T {
 }
 
 impl RmsNorm {
-    fn fwd<T: Real>(&self, x: &[T], w: &[T], shape: &Shape) -> (CpuStorage, Shape) {
+    /// The normalised rows of `x`, times `w`.
+    pub(super) fn fwd<T: Real>(&self, x: &[T], w: &[T]) -> Vec<T> {
         let h = w.len();
-        let mut out = vec![T::zero(); x.len()];
         let rows = rows_per_task(h, 1 << 14);
-        out.par_chunks_mut(rows * h)
-            .zip(x.par_chunks(rows * h))
-            .for_each(|(o, x)| {
-                for (o, x) in o.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                    let r = rinv(x, self.eps);
-                    for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
-                        *o = x * r * w;
-                    }
-                }
-            });
-        storage(out, shape.clone())
+        // SAFETY: `out` and `x` have the same length, so their chunks (of `h` elements but for a
+        // shorter last one) pair up with equal lengths, and the loop writes every element of each
+        // (`w` has `h` elements).
+        let out = unsafe {
+            new_written(x.len(), |out| {
+                out.par_chunks_mut(rows * h)
+                    .zip(x.par_chunks(rows * h))
+                    .for_each(|(o, x)| {
+                        for (o, x) in o.chunks_mut(h).zip(x.chunks(h)) {
+                            let r = rinv(x, self.eps);
+                            for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
+                                o.write(x * r * w);
+                            }
+                        }
+                    })
+            })
+        };
+        out
     }
 
-    fn bwd_t<T: Real>(&self, x: &[T], w: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
+    /// The gradients `(dx, dw)` for the output gradient `g`.
+    pub(super) fn bwd_t<T: Real>(&self, x: &[T], w: &[T], g: &[T]) -> Result<(Vec<T>, Vec<T>)> {
+        if g.len() != x.len() {
+            bail!(
+                "{}: gradient of {} elements for {}",
+                self.name(),
+                g.len(),
+                x.len()
+            );
+        }
         let h = w.len();
         let inv_h = c::<T>(1.0 / h as f64);
-        let mut dx = vec![T::zero(); x.len()];
+        let mut dx = Vec::with_capacity(x.len());
         let rows = rows_per_task(h, 1 << 14);
         // Fixed-size tasks and an ordered reduction keep the weight gradient deterministic.
-        let partials: Vec<Vec<T>> = dx
+        let partials: Vec<Vec<T>> = dx.spare_capacity_mut()[..x.len()]
             .par_chunks_mut(rows * h)
             .zip(x.par_chunks(rows * h).zip(g.par_chunks(rows * h)))
             .map(|(dx, (x, g))| {
                 let mut dw = vec![T::zero(); h];
-                for ((dx, x), g) in dx
-                    .chunks_exact_mut(h)
-                    .zip(x.chunks_exact(h))
-                    .zip(g.chunks_exact(h))
-                {
+                for ((dx, x), g) in dx.chunks_mut(h).zip(x.chunks(h)).zip(g.chunks(h)) {
                     let r = rinv(x, self.eps);
                     let dot: T = x.iter().zip(g).zip(w).map(|((&x, &g), &w)| g * w * x).sum();
                     let k = r * r * r * dot * inv_h;
                     for i in 0..h {
-                        dx[i] = r * g[i] * w[i] - x[i] * k;
+                        dx[i].write(r * g[i] * w[i] - x[i] * k);
                         dw[i] += g[i] * x[i] * r;
                     }
                 }
                 dw
             })
             .collect();
+        // SAFETY: `dx`, `x` and `g` have the same length, so their chunks pair up with equal
+        // lengths and cover `dx`; the loop above writes `dx[0..h]` of each (indexing panics,
+        // before this line, if a chunk were shorter).
+        unsafe { dx.set_len(x.len()) };
         let mut dw = vec![T::zero(); h];
         for p in partials {
             for (a, b) in dw.iter_mut().zip(p) {
                 *a += b;
             }
         }
-        (dx, dw)
+        Ok((dx, dw))
     }
 }
 
@@ -84,16 +100,16 @@ impl CustomOp2 for RmsNorm {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let shape = l1.shape().clone();
         match (s1, s2) {
-            (CpuStorage::F32(_), CpuStorage::F32(_)) => Ok(self.fwd::<f32>(
-                slice(self.name(), s1, l1)?,
-                slice(self.name(), s2, l2)?,
-                l1.shape(),
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => Ok(storage(
+                self.fwd::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?),
+                shape,
             )),
-            (CpuStorage::F64(_), CpuStorage::F64(_)) => Ok(self.fwd::<f64>(
-                slice(self.name(), s1, l1)?,
-                slice(self.name(), s2, l2)?,
-                l1.shape(),
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => Ok(storage(
+                self.fwd::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?),
+                shape,
             )),
             _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
         }
@@ -113,7 +129,7 @@ impl CustomOp2 for RmsNorm {
             g: &Tensor,
         ) -> Result<(Tensor, Tensor)> {
             let (dx, dw) =
-                with_slices::<T, _>(op.name(), &[x, w, g], |s| Ok(op.bwd_t(s[0], s[1], s[2])))?;
+                with_slices::<T, _>(op.name(), &[x, w, g], |s| op.bwd_t(s[0], s[1], s[2]))?;
             Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
         }
         let (dx, dw) = match x.dtype() {

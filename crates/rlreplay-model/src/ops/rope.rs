@@ -1,6 +1,6 @@
 //! Fused rotary embedding (rotate-half) with backward for the input.
 
-use super::cpu::{slice, storage, tensor, with_slices, Real};
+use super::cpu::{new_written, slice, storage, tensor, with_slices, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -10,31 +10,36 @@ pub(crate) struct Rope;
 
 /// Rotates every head of `x` by the angles of its token; `sign = -1` applies the inverse rotation
 /// (the backward pass).
-fn rotate<T: Real>(x: &[T], cos: &[T], sin: &[T], half: usize, sign: T) -> Vec<T> {
+pub(super) fn rotate<T: Real>(x: &[T], cos: &[T], sin: &[T], half: usize, sign: T) -> Vec<T> {
     let d = 2 * half;
     let t = cos.len() / half.max(1);
     let per_token = x.len().checked_div(t).unwrap_or(0);
-    let mut out = vec![T::zero(); x.len()];
     if per_token == 0 {
-        return out;
+        return vec![T::zero(); x.len()];
     }
-    out.par_chunks_mut(per_token)
-        .zip(x.par_chunks(per_token))
-        .enumerate()
-        .for_each(|(tok, (o, x))| {
-            let cs = &cos[tok * half..(tok + 1) * half];
-            let sn = &sin[tok * half..(tok + 1) * half];
-            for (o, x) in o.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                let (x1, x2) = x.split_at(half);
-                let (o1, o2) = o.split_at_mut(half);
-                for i in 0..half {
-                    let s = sn[i] * sign;
-                    o1[i] = x1[i] * cs[i] - x2[i] * s;
-                    o2[i] = x2[i] * cs[i] + x1[i] * s;
-                }
-            }
-        });
-    out
+    // SAFETY: the chunks of `out` (per token, then per head) cover it, and the loop writes both
+    // halves of every head chunk, `o1[0..half]` and `o2[0..half]` (indexing panics, before
+    // `set_len`, if a chunk were shorter than `D = 2 · half`).
+    unsafe {
+        new_written(x.len(), |out| {
+            out.par_chunks_mut(per_token)
+                .zip(x.par_chunks(per_token))
+                .enumerate()
+                .for_each(|(tok, (o, x))| {
+                    let cs = &cos[tok * half..(tok + 1) * half];
+                    let sn = &sin[tok * half..(tok + 1) * half];
+                    for (o, x) in o.chunks_mut(d).zip(x.chunks(d)) {
+                        let (x1, x2) = x.split_at(half);
+                        let (o1, o2) = o.split_at_mut(half);
+                        for i in 0..half {
+                            let s = sn[i] * sign;
+                            o1[i].write(x1[i] * cs[i] - x2[i] * s);
+                            o2[i].write(x2[i] * cs[i] + x1[i] * s);
+                        }
+                    }
+                })
+        })
+    }
 }
 
 impl CustomOp3 for Rope {

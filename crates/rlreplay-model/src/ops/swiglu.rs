@@ -1,9 +1,10 @@
 //! Fused SwiGLU `silu(gate) * up` with backward for both inputs.
 
-use super::cpu::{slice, storage, tensor, with_slices, Real};
+use super::cpu::{assume_written, new_written, slice, storage, tensor, with_slices, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// `silu(gate) * up`, elementwise.
 pub(crate) struct SwiGlu;
@@ -11,48 +12,73 @@ pub(crate) struct SwiGlu;
 /// Elements per parallel task.
 const TASK: usize = 1 << 14;
 
-/// `out = sigmoid(g) = 1 / (1 + exp(-g))` elementwise.
-fn sigmoid<T: Real>(out: &mut [T], g: &[T]) {
+/// `sigmoid(g) = 1 / (1 + exp(-g))` elementwise into `out` (as long as `g`), which it writes
+/// before reading.
+fn sigmoid<'a, T: Real>(out: &'a mut [MaybeUninit<T>], g: &[T]) -> &'a mut [T] {
     for (o, &g) in out.iter_mut().zip(g) {
-        *o = -g;
+        o.write(-g);
     }
+    // SAFETY: `out` and `g` have the same length, so the loop above wrote every element.
+    let out = unsafe { assume_written(out) };
     T::exp_in_place(out);
     out.iter_mut().for_each(|o| *o = (T::one() + *o).recip());
-}
-
-fn fwd<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
-    let mut out = vec![T::zero(); gate.len()];
-    out.par_chunks_mut(TASK)
-        .zip(gate.par_chunks(TASK).zip(up.par_chunks(TASK)))
-        .for_each(|(o, (g, u))| {
-            sigmoid(o, g);
-            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g * *o * u;
-            }
-        });
     out
 }
 
-fn bwd<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> (Vec<T>, Vec<T>) {
-    let mut dg = vec![T::zero(); gate.len()];
-    let mut du = vec![T::zero(); gate.len()];
-    dg.par_chunks_mut(TASK)
-        .zip(du.par_chunks_mut(TASK))
-        .zip(
-            gate.par_chunks(TASK)
-                .zip(up.par_chunks(TASK))
-                .zip(grad.par_chunks(TASK)),
-        )
-        .for_each(|((dg, du), ((g, u), go))| {
-            // du holds the sigmoid until it is overwritten.
-            sigmoid(du, g);
-            for i in 0..g.len() {
-                let s = du[i];
-                let silu = g[i] * s;
-                du[i] = go[i] * silu;
-                dg[i] = go[i] * u[i] * s * (T::one() + g[i] * (T::one() - s));
-            }
-        });
+/// `silu(gate) · up`.
+pub(super) fn fwd<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
+    // SAFETY: `out` and `gate` have the same length, so their chunks pair up with equal lengths
+    // and cover `out`, and `sigmoid` writes every element of its chunk (slicing `up` panics,
+    // before `new_written` returns, if it were shorter).
+    unsafe {
+        new_written(gate.len(), |out| {
+            out.par_chunks_mut(TASK)
+                .zip(gate.par_chunks(TASK))
+                .enumerate()
+                .for_each(|(c, (o, g))| {
+                    let u = &up[c * TASK..c * TASK + g.len()];
+                    let o = sigmoid(o, g);
+                    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                        *o = g * *o * u;
+                    }
+                })
+        })
+    }
+}
+
+/// The gradients `(d gate, d up)` of `silu(gate) · up` for the output gradient `grad`.
+pub(super) fn bwd<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> (Vec<T>, Vec<T>) {
+    let n = gate.len();
+    let mut dg = Vec::with_capacity(n);
+    // SAFETY: `dg`, `du` and `gate` have the same length, so their chunks pair up with equal
+    // lengths and cover `dg` and `du`; `sigmoid` writes every element of its chunk of `du`, and
+    // the loop every element of its chunk of `dg` (slicing `up` or `grad` panics, before
+    // `new_written` returns, if one were shorter).
+    let du = unsafe {
+        new_written(n, |du| {
+            dg.spare_capacity_mut()[..n]
+                .par_chunks_mut(TASK)
+                .zip(du.par_chunks_mut(TASK))
+                .zip(gate.par_chunks(TASK))
+                .enumerate()
+                .for_each(|(c, ((dg, du), g))| {
+                    let (u, go) = (
+                        &up[c * TASK..c * TASK + g.len()],
+                        &grad[c * TASK..c * TASK + g.len()],
+                    );
+                    // du holds the sigmoid until it is overwritten.
+                    let du = sigmoid(du, g);
+                    for i in 0..g.len() {
+                        let s = du[i];
+                        let silu = g[i] * s;
+                        du[i] = go[i] * silu;
+                        dg[i].write(go[i] * u[i] * s * (T::one() + g[i] * (T::one() - s)));
+                    }
+                })
+        })
+    };
+    // SAFETY: see above: the loop wrote all `n` elements of `dg`.
+    unsafe { dg.set_len(n) };
     (dg, du)
 }
 
