@@ -2,9 +2,12 @@
 //! under the tempered full-vocabulary distribution `log softmax(z / τ)`, which is what a trainer
 //! recomputes (or, on request, under the distribution actually sampled from, or the raw one; see
 //! [`LogprobMode`]). Each sequence has its own random stream, so batching does not change results.
+//! The exponentials are the model kernels' vectorised f32 `exp` (within 2 ulp; the same values on
+//! every x86-64).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rlreplay_model::ops::exp_f32_slice;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -156,7 +159,8 @@ pub fn sample(
     let max_t = max * inv_t;
     let exps = &mut scratch.exps;
     exps.clear();
-    exps.extend(logits.iter().map(|&z| (z * inv_t - max_t).exp()));
+    exps.extend(logits.iter().map(|&z| z * inv_t - max_t));
+    exp_f32_slice(exps);
     let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
     let log_z = max_t + sum.ln() as f32;
     let logprob_of = |i: usize| logits[i] * inv_t - log_z;
@@ -200,7 +204,8 @@ pub fn top_logprobs(
     let max_t = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
     let exps = &mut scratch.exps;
     exps.clear();
-    exps.extend(logits.iter().map(|&z| (z * inv_t - max_t).exp()));
+    exps.extend(logits.iter().map(|&z| z * inv_t - max_t));
+    exp_f32_slice(exps);
     let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
     let log_z = max_t + sum.ln() as f32;
     let probs = &mut scratch.probs;
@@ -576,19 +581,14 @@ mod tests {
     fn reference_sample(logits: &[f32], sp: &SamplingParams, rng: &mut impl Rng) -> u32 {
         let inv_t = 1.0 / sp.temperature;
         let max_t = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
-        let sum: f64 = logits
-            .iter()
-            .map(|&z| f64::from((z * inv_t - max_t).exp()))
-            .sum();
-        let mut probs: Vec<(f32, u32)> = logits
+        // The sampler's exponential (its values are part of the specification of a draw).
+        let mut exps: Vec<f32> = logits.iter().map(|&z| z * inv_t - max_t).collect();
+        exp_f32_slice(&mut exps);
+        let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
+        let mut probs: Vec<(f32, u32)> = exps
             .iter()
             .enumerate()
-            .map(|(i, &z)| {
-                (
-                    (f64::from((z * inv_t - max_t).exp()) / sum) as f32,
-                    i as u32,
-                )
-            })
+            .map(|(i, &e)| ((f64::from(e) / sum) as f32, i as u32))
             .collect();
         probs.sort_by(by_prob_desc);
         let top_k = if sp.top_k == 0 {

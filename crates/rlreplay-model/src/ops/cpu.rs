@@ -74,8 +74,9 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// [`exp_f32`] over a slice, with AVX2 + FMA code where the CPU has them.
-fn exp_f32_slice(xs: &mut [f32]) {
+/// `x = exp(x)` for every element of `xs`: [`exp_f32`] (within 2 ulp; 0 below the normal range),
+/// with AVX2 + FMA code where the CPU has them. The kernels' `exp`, also for samplers.
+pub fn exp_f32_slice(xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the target features the function is compiled for.

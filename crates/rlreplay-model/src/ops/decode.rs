@@ -5,7 +5,7 @@
 //! All functions work on row-major slices; the caller owns every buffer, so a decode step allocates
 //! nothing per sequence or per layer.
 
-use super::cpu::{gemm, MatRef};
+use super::cpu::{exp_f32_slice, gemm, MatRef};
 use candle_core::{bail, Result};
 use rayon::prelude::*;
 
@@ -150,8 +150,12 @@ pub(crate) fn swiglu(dst: &mut [f32], gu: &[f32], inter: usize) {
         .for_each(|(dst, gu)| {
             for (o, gu) in dst.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
                 let (g, u) = gu.split_at(inter);
+                for (o, &g) in o.iter_mut().zip(g) {
+                    *o = -g;
+                }
+                exp_f32_slice(o);
                 for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                    *o = g / (1.0 + (-g).exp()) * u;
+                    *o = g / (1.0 + *o) * u;
                 }
             }
         });
@@ -274,11 +278,9 @@ fn attend(
         *s = dot(q, k) * scale;
         max = max.max(*s);
     }
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
+    scores.iter_mut().for_each(|s| *s -= max);
+    exp_f32_slice(scores);
+    let sum: f32 = scores.iter().sum();
     out.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
         let v = &seq.v[j * kv_width + col..j * kv_width + col + d];

@@ -26,6 +26,7 @@ use cpu::kernel_applies;
 use std::sync::Mutex;
 
 pub use blockwise::{LOGIT_ELEMS, SCORE_ELEMS};
+pub use cpu::exp_f32_slice;
 
 /// Whether the blockwise ops replace the CPU kernels and the composite reference: on every device
 /// but the CPU (and, in unit tests, wherever [`force_blockwise`] asks for them).
