@@ -390,6 +390,11 @@ impl Decoder {
     /// keys and values to the caches, and returns the f32 logits `[caches.len(), vocab]` of the last
     /// fed token of each sequence.
     pub fn forward(&self, caches: &mut [&mut KvCache], tokens: &[&[u32]]) -> Result<Tensor> {
+        crate::on_pool(|| self.forward_here(caches, tokens))
+    }
+
+    /// [`Decoder::forward`] on the calling thread.
+    fn forward_here(&self, caches: &mut [&mut KvCache], tokens: &[&[u32]]) -> Result<Tensor> {
         let packed = self.pack(caches, tokens)?;
         match &self.weights {
             Weights::Host(w) => {
@@ -407,14 +412,16 @@ impl Decoder {
         caches: &mut [&mut KvCache],
         tokens: &[&[u32]],
     ) -> Result<Vec<f32>> {
-        let packed = self.pack(caches, tokens)?;
-        match &self.weights {
-            Weights::Host(w) => self.forward_host(w, caches, &packed),
-            Weights::Tensors(w) => Ok(self
-                .forward_tensors(w, caches, &packed)?
-                .flatten_all()?
-                .to_vec1()?),
-        }
+        crate::on_pool(|| {
+            let packed = self.pack(caches, tokens)?;
+            match &self.weights {
+                Weights::Host(w) => self.forward_host(w, caches, &packed),
+                Weights::Tensors(w) => Ok(self
+                    .forward_tensors(w, caches, &packed)?
+                    .flatten_all()?
+                    .to_vec1()?),
+            }
+        })
     }
 
     /// The forward pass on host buffers (CPU, f32).

@@ -92,6 +92,17 @@ pub unsafe fn keep_candle_elementwise_on_caller() {
     }
 }
 
+/// Runs `f` on a worker thread of the current rayon pool (directly when the caller already is
+/// one) and returns its result. The kernels' parallel loops and the matrix multiplies started from
+/// a worker run their first share on that worker and, with one thread, run inline; started from
+/// any other thread, each one is handed to the pool and the caller sleeps until it is done, two
+/// thread switches per op (about a fifth of the tiny benchmark model's single-threaded training
+/// step). The model's forward, backward and decoding entry points call it; a caller may wrap a
+/// longer stretch of work.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
 /// mimalloc's `mi_option_purge_delay` (its value in the `mi_option_e` enum of mimalloc 3's
 /// `mimalloc.h`; the Rust bindings name no constant for it).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
@@ -118,7 +129,23 @@ pub unsafe fn keep_freed_memory_committed() {
 
 #[cfg(test)]
 mod tests {
-    use super::MI_OPTION_PURGE_DELAY;
+    use super::{on_pool, MI_OPTION_PURGE_DELAY};
+
+    #[test]
+    fn on_pool_runs_on_a_worker_of_the_current_pool() {
+        assert!(on_pool(|| rayon::current_thread_index().is_some()));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a one-thread pool");
+        // Inside a pool it runs inline, on that pool's worker.
+        let (outer, inner) = pool.install(|| {
+            let outer = std::thread::current().id();
+            (outer, on_pool(|| std::thread::current().id()))
+        });
+        assert_eq!(outer, inner);
+        assert_eq!(pool.install(|| on_pool(rayon::current_num_threads)), 1);
+    }
 
     #[test]
     fn the_purge_delay_option_index_is_mimallocs() {

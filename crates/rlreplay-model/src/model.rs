@@ -477,6 +477,16 @@ impl Model {
         temperature: f64,
         entropy: bool,
     ) -> Result<TokenLogProbs> {
+        crate::on_pool(|| self.logprobs_here(pairs, temperature, entropy))
+    }
+
+    /// [`Model::logprobs`] on the calling thread.
+    fn logprobs_here(
+        &self,
+        pairs: &[SeqPair<'_>],
+        temperature: f64,
+        entropy: bool,
+    ) -> Result<TokenLogProbs> {
         let packed = self.pack(pairs)?;
         let (lp, ent) = self.forward_logprobs(&packed, temperature, entropy, false)?;
         let logprobs = packed.split(&to_f64_vec(&lp)?);
@@ -494,6 +504,16 @@ impl Model {
     /// [`Model::set_activation_recompute`] on, the layers' activations are recomputed during the
     /// backward pass instead of being kept.
     pub fn forward_backward(
+        &mut self,
+        pairs: &[SeqPair<'_>],
+        grad_logprobs: &[f64],
+        temperature: f64,
+    ) -> Result<Vec<Vec<f64>>> {
+        crate::on_pool(|| self.forward_backward_here(pairs, grad_logprobs, temperature))
+    }
+
+    /// [`Model::forward_backward`] on the calling thread.
+    fn forward_backward_here(
         &mut self,
         pairs: &[SeqPair<'_>],
         grad_logprobs: &[f64],

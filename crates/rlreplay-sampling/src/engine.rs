@@ -226,6 +226,11 @@ impl Batcher {
     /// Admits waiting groups while they fit and prefills them, then runs one decode step over
     /// every running sequence. Returns the samples that finished, in order.
     pub fn step(&mut self, decoder: &Decoder) -> Result<Vec<Finished>> {
+        rlreplay_model::on_pool(|| self.step_here(decoder))
+    }
+
+    /// [`Batcher::step`] on the calling thread.
+    fn step_here(&mut self, decoder: &Decoder) -> Result<Vec<Finished>> {
         let max_pos = decoder.config().max_position_embeddings;
         let vocab = decoder.config().vocab_size;
         let mut done = Vec::new();

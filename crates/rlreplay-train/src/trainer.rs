@@ -155,10 +155,10 @@ pub fn worker_threads(threads: usize, force: bool) -> (usize, Option<String>) {
     }
 }
 
-/// Runs `f` on a pool of worker threads ([`worker_threads`]; the warning of a capped request
-/// goes to stderr). The process environment is left alone: every kernel runs inside the pool,
-/// whose size bounds the parallelism whatever split a kernel chooses. `f` may fail with any error
-/// that a trainer error converts into (the binary's, for one).
+/// Runs `f` on a worker of a pool of worker threads ([`worker_threads`]; 0: rayon's global pool;
+/// the warning of a capped request goes to stderr). The process environment is left alone: every
+/// kernel runs inside the pool, whose size bounds the parallelism whatever split a kernel chooses.
+/// `f` may fail with any error that a trainer error converts into (the binary's, for one).
 pub fn with_threads<T: Send, E: From<Error> + Send>(
     threads: usize,
     force: bool,
@@ -169,7 +169,7 @@ pub fn with_threads<T: Send, E: From<Error> + Send>(
         eprintln!("warning: {w}");
     }
     if threads == 0 {
-        return f();
+        return rlreplay_model::on_pool(f);
     }
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
