@@ -52,9 +52,12 @@ fn bwd_t<T: Real>(x: &[T], w: &[T], dy: &[T], inp: usize) -> Result<(Vec<T>, Vec
         MatRef::rows(w, 0, out, inp, inp),
     );
     let dym = MatRef::rows(dy, 0, t, out, out);
-    let dx = gemm_new(dym, wm, T::one(), true)?;
-    let dw = gemm_new(dym.t(), xm, T::one(), true)?;
-    Ok((dx, dw))
+    // Independent products: side by side (see `mlp::bwd_t`).
+    let (dx, dw) = rayon::join(
+        || gemm_new(dym, wm, T::one(), true),
+        || gemm_new(dym.t(), xm, T::one(), true),
+    );
+    Ok((dx?, dw?))
 }
 
 /// The gradients `(dx, dW)` of `x · Wᵀ` for the output gradient `grad`, in the shapes of `x`, `W`.

@@ -34,11 +34,22 @@ fn bwd_t<T: Real>(
         MatRef::rows(&dgate, 0, t, i, i),
         MatRef::rows(&dup, 0, t, i, i),
     );
-    let mut dx = gemm_new(dgm, wgm, T::one(), true)?;
-    gemm(&mut dx, 0, h, true, dum, wum, T::one(), true)?;
-    let dwg = gemm_new(dgm.t(), xm, T::one(), true)?;
-    let dwu = gemm_new(dum.t(), xm, T::one(), true)?;
-    Ok((dx, dwg, dwu))
+    // The three products are independent: run side by side, each small gemm keeps a thread busy
+    // without waiting on the others' synchronisation.
+    let (dx, (dwg, dwu)) = rayon::join(
+        || {
+            let mut dx = gemm_new(dgm, wgm, T::one(), true)?;
+            gemm(&mut dx, 0, h, true, dum, wum, T::one(), true)?;
+            Ok::<_, candle_core::Error>(dx)
+        },
+        || {
+            rayon::join(
+                || gemm_new(dgm.t(), xm, T::one(), true),
+                || gemm_new(dum.t(), xm, T::one(), true),
+            )
+        },
+    );
+    Ok((dx?, dwg?, dwu?))
 }
 
 impl CustomOp3 for GatedUp {
@@ -71,8 +82,9 @@ impl CustomOp3 for GatedUp {
                 );
             }
             let x = slice::<T>(n, s1, l1)?;
-            let gate = a_bt(x, slice(n, s2, l2)?, h)?;
-            let up = a_bt(x, slice(n, s3, l3)?, h)?;
+            let (wg, wu) = (slice::<T>(n, s2, l2)?, slice::<T>(n, s3, l3)?);
+            let (gate, up) = rayon::join(|| a_bt(x, wg, h), || a_bt(x, wu, h));
+            let (gate, up) = (gate?, up?);
             let out = swiglu::fwd(&gate, &up);
             *op.saved
                 .lock()
