@@ -75,14 +75,29 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 }
 
 /// `x = exp(x)` for every element of `xs`: [`exp_f32`] (within 2 ulp; 0 below the normal range),
-/// with AVX2 + FMA code where the CPU has them. The kernels' `exp`, also for samplers.
+/// with AVX-512 or AVX2 + FMA code where the CPU has them (the same values: every path computes
+/// the same fused multiply-adds). The kernels' `exp`, also for samplers.
 pub fn exp_f32_slice(xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU supports the target features the function is compiled for.
-        unsafe { exp_f32_slice_avx2(xs) };
-        return;
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports the target features the function is compiled for.
+            unsafe { exp_f32_slice_avx512(xs) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above.
+            unsafe { exp_f32_slice_avx2(xs) };
+            return;
+        }
     }
+    xs.iter_mut().for_each(|x| *x = exp_f32(*x));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp_f32_slice_avx512(xs: &mut [f32]) {
     xs.iter_mut().for_each(|x| *x = exp_f32(*x));
 }
 
