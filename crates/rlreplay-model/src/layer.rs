@@ -263,14 +263,32 @@ impl Rotary {
 
     /// `(cos, sin)` of the angles of `positions`, `[T, D/2]` row-major, in f64.
     pub fn angles(&self, positions: impl ExactSizeIterator<Item = usize>) -> (Vec<f64>, Vec<f64>) {
-        let n = positions.len() * self.inv_freq.len();
-        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for p in positions {
-            for &f in &self.inv_freq {
-                let (s, c) = (p as f64 * f).sin_cos();
-                cos.push(c);
-                sin.push(s);
+        let half = self.inv_freq.len();
+        let rows = |ps: &mut dyn Iterator<Item = usize>, n: usize| {
+            let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
+            for p in ps {
+                for &f in &self.inv_freq {
+                    let (s, c) = (p as f64 * f).sin_cos();
+                    cos.push(c);
+                    sin.push(s);
+                }
             }
+            (cos, sin)
+        };
+        let positions: Vec<usize> = positions.collect();
+        let top = positions.iter().max().map_or(0, |&p| p + 1);
+        if top > positions.len() {
+            return rows(&mut positions.iter().copied(), positions.len());
+        }
+        // Packed sequences repeat positions 0, 1, ..: each distinct one once, then copied.
+        let (tc, ts) = rows(&mut (0..top), top);
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(positions.len() * half),
+            Vec::with_capacity(positions.len() * half),
+        );
+        for &p in &positions {
+            cos.extend_from_slice(&tc[p * half..(p + 1) * half]);
+            sin.extend_from_slice(&ts[p * half..(p + 1) * half]);
         }
         (cos, sin)
     }
@@ -341,5 +359,28 @@ impl<'a> VarBuilder<'a> {
             None
         };
         Ok(Linear { weight, bias })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotary_angles_of_repeated_and_sparse_positions_match_the_direct_ones() {
+        let rot = Rotary::new(&ModelConfig::tiny());
+        let direct = |ps: &[usize]| {
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            for &p in ps {
+                for &f in &rot.inv_freq {
+                    cos.push((p as f64 * f).cos());
+                    sin.push((p as f64 * f).sin());
+                }
+            }
+            (cos, sin)
+        };
+        for ps in [&[0, 1, 2, 0, 1, 2, 3][..], &[700, 3], &[], &[5]] {
+            assert_eq!(rot.angles(ps.iter().copied()), direct(ps), "{ps:?}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! `O(block × L)` per worker, never `O(T²)`, and K/V are read in place for every query head of
 //! their group.
 
-use super::cpu::{c, gemm, slice, storage, tensor, with_slices, MatRef, Real};
+use super::cpu::{c, dot, gemm, max, slice, storage, sum, tensor, with_slices, MatRef, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -75,16 +75,14 @@ impl PackedAttention {
                 let i = i0 + r;
                 let row = &mut s[r * nk..(r + 1) * nk];
                 let (seen, masked) = row.split_at_mut(i + 1);
-                let m = seen
-                    .iter()
-                    .fold(T::neg_infinity(), |m, &x| num_traits::Float::max(m, x));
+                let m = max(seen);
                 seen.iter_mut().for_each(|x| *x -= m);
                 T::exp_in_place(seen);
-                let sum: T = seen.iter().copied().sum();
-                let inv = sum.recip();
+                let total = sum(seen);
+                let inv = total.recip();
                 seen.iter_mut().for_each(|x| *x *= inv);
                 masked.fill(T::zero());
-                lse[i] = m + sum.ln();
+                lse[i] = m + total.ln();
             }
             let pm = MatRef::rows(&s, 0, br, nk, nk);
             gemm(&mut out, i0 * d, d, false, pm, vm, T::one(), false)?;
@@ -158,7 +156,7 @@ impl PackedAttention {
                     let l = lse[tok];
                     let orow = &o[tok * d..(tok + 1) * d];
                     let grow = &go[tok * d..(tok + 1) * d];
-                    let di: T = orow.iter().zip(grow).map(|(&a, &b)| a * b).sum();
+                    let di = dot(orow, grow);
                     let prow = &mut p[r * nk..(r + 1) * nk];
                     let dsrow = &mut dp[r * nk..(r + 1) * nk];
                     let (seen, masked) = prow.split_at_mut(i + 1);

@@ -107,6 +107,102 @@ fn exp_f32_slice_avx2(xs: &mut [f32]) {
     xs.iter_mut().for_each(|x| *x = exp_f32(*x));
 }
 
+/// Independent partial results in the lane reductions below ([`sum`], [`dot`], [`dot3`],
+/// [`max`]): enough for the compiler to keep several vector registers busy, so the loops run at
+/// the adder's throughput rather than its latency (a plain `iter().sum()` adds one element at a
+/// time, in order). The order of the operations is fixed, so results do not depend on the CPU.
+const LANES: usize = 32;
+
+/// The partial results of a lane reduction folded in halves (a fixed tree).
+#[inline(always)]
+fn fold_lanes<T: Real>(mut acc: [T; LANES], op: impl Fn(T, T) -> T) -> T {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] = op(acc[i], acc[i + w]);
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+/// `Σ xs` in [`LANES`] partial sums.
+#[inline]
+pub(crate) fn sum<T: Real>(xs: &[T]) -> T {
+    let mut acc = [T::zero(); LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().fold(T::zero(), |s, &x| s + x);
+    for ch in chunks {
+        for (s, &x) in acc.iter_mut().zip(ch) {
+            *s += x;
+        }
+    }
+    fold_lanes(acc, |a, b| a + b) + tail
+}
+
+/// `Σ a_i · b_i` over the common length, in [`LANES`] partial sums.
+#[inline]
+pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let (ca, cb) = (a[..n].chunks_exact(LANES), b[..n].chunks_exact(LANES));
+    let tail = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .fold(T::zero(), |s, (&x, &y)| s + x * y);
+    let mut acc = [T::zero(); LANES];
+    for (xs, ys) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(xs).zip(ys) {
+            *s += x * y;
+        }
+    }
+    fold_lanes(acc, |a, b| a + b) + tail
+}
+
+/// `Σ a_i · b_i · d_i` over the common length, in [`LANES`] partial sums.
+#[inline]
+pub(crate) fn dot3<T: Real>(a: &[T], b: &[T], d: &[T]) -> T {
+    let n = a.len().min(b.len()).min(d.len());
+    let (ca, cb, cc) = (
+        a[..n].chunks_exact(LANES),
+        b[..n].chunks_exact(LANES),
+        d[..n].chunks_exact(LANES),
+    );
+    let tail = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .zip(cc.remainder())
+        .fold(T::zero(), |s, ((&x, &y), &z)| s + x * y * z);
+    let mut acc = [T::zero(); LANES];
+    for ((xs, ys), zs) in ca.zip(cb).zip(cc) {
+        for (((s, &x), &y), &z) in acc.iter_mut().zip(xs).zip(ys).zip(zs) {
+            *s += x * y * z;
+        }
+    }
+    fold_lanes(acc, |a, b| a + b) + tail
+}
+
+/// The largest element of `xs`, ignoring NaNs as `f32::max` does; negative infinity when `xs`
+/// is empty or all NaN.
+#[inline]
+pub(crate) fn max<T: Real>(xs: &[T]) -> T {
+    // `if x > m { x } else { m }` keeps `m` when `x` is NaN and compiles to one vector max.
+    let pick = |m: T, x: T| if x > m { x } else { m };
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(T::neg_infinity(), |m, &x| pick(m, x));
+    let mut acc = [T::neg_infinity(); LANES];
+    for ch in chunks {
+        for (m, &x) in acc.iter_mut().zip(ch) {
+            *m = pick(*m, x);
+        }
+    }
+    pick(fold_lanes(acc, pick), tail)
+}
+
 /// Converts an `f64` constant to the element type.
 #[inline]
 pub(crate) fn c<T: Real>(v: f64) -> T {
@@ -373,6 +469,42 @@ mod tests {
         let ulp = (want as f32).abs().max(f32::MIN_POSITIVE);
         let ulp = f32::from_bits(ulp.to_bits() + 1) - ulp;
         (got as f64 - want).abs() / ulp as f64
+    }
+
+    #[test]
+    fn lane_reductions_match_plain_loops() {
+        for n in [0, 1, 5, 31, 32, 33, 64, 100, 1000] {
+            let a: Vec<f64> = (0..n)
+                .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
+                .collect();
+            let b: Vec<f64> = (0..n)
+                .map(|i| ((i * 11 % 29) as f64 - 14.0) / 3.0)
+                .collect();
+            let d: Vec<f64> = (0..n).map(|i| 1.0 + (i % 5) as f64).collect();
+            let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * (1.0 + y.abs());
+            assert!(close(sum(&a), a.iter().sum()), "sum n={n}");
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert!(close(dot(&a, &b), want), "dot n={n}");
+            let want: f64 = (0..n).map(|i| a[i] * b[i] * d[i]).sum();
+            assert!(close(dot3(&a, &b, &d), want), "dot3 n={n}");
+            let want = a.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(max(&a), want, "max n={n}");
+        }
+        // The common length of unequal operands; NaN ignored by `max` as by `f32::max`.
+        assert_eq!(dot(&[1.0f32, 2.0, 3.0], &[1.0, 1.0]), 3.0);
+        let mut xs = vec![f32::NAN; 70];
+        assert_eq!(max(&xs), f32::NEG_INFINITY);
+        xs[3] = -2.0;
+        xs[65] = -1.0;
+        assert_eq!(max(&xs), -1.0);
+        // f32 sums agree with an f64 reference to rounding.
+        let xs: Vec<f32> = (0..151_936).map(|i| ((i % 977) as f32).sin()).collect();
+        let want: f64 = xs.iter().map(|&x| x as f64).sum();
+        assert!(
+            (sum(&xs) as f64 - want).abs() < 1e-3,
+            "{} vs {want}",
+            sum(&xs)
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! All functions work on row-major slices; the caller owns every buffer, so a decode step allocates
 //! nothing per sequence or per layer.
 
-use super::cpu::{exp_f32_slice, gemm, MatRef};
+use super::cpu::{dot, exp_f32_slice, gemm, sum, MatRef};
 use candle_core::{bail, Result};
 use rayon::prelude::*;
 
@@ -67,7 +67,7 @@ pub(crate) fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// Inverse root-mean-square of one row.
 #[inline]
 fn rinv(row: &[f32], eps: f32) -> f32 {
-    let ss: f32 = row.iter().map(|&v| v * v).sum();
+    let ss = dot(row, row);
     (ss / row.len() as f32 + eps).sqrt().recip()
 }
 
@@ -280,7 +280,7 @@ fn attend(
     }
     scores.iter_mut().for_each(|s| *s -= max);
     exp_f32_slice(scores);
-    let sum: f32 = scores.iter().sum();
+    let total = sum(scores);
     out.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
         let v = &seq.v[j * kv_width + col..j * kv_width + col + d];
@@ -288,25 +288,6 @@ fn attend(
             *o += p * v;
         }
     }
-    let inv = sum.recip();
+    let inv = total.recip();
     out.iter_mut().for_each(|o| *o *= inv);
-}
-
-/// Dot product with eight independent partial sums (vectorisable).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for ((acc, &x), &y) in acc.iter_mut().zip(x).zip(y) {
-            *acc += x * y;
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }

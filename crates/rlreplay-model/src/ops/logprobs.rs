@@ -9,7 +9,7 @@
 //! framework that keeps the whole logits, instead of four), and the backward pass hands them on
 //! when its upstream gradient is that `g` (it recomputes them for any other).
 
-use super::cpu::{c, gemm, slice, storage, tensor, with_slices, MatRef, Real};
+use super::cpu::{c, dot, gemm, max, slice, storage, sum, tensor, with_slices, MatRef, Real};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -158,26 +158,15 @@ impl TokenLogProbs {
             .zip(state.par_iter_mut().zip(targets))
             .for_each_init(Vec::new, |e, (z, (st, &tgt))| {
                 let z = &z[col0..col0 + cols];
-                let bmax = z
-                    .iter()
-                    .fold(T::neg_infinity(), |m, &x| num_traits::Float::max(m, x));
+                let bmax = max(z);
                 let m = num_traits::Float::max(st.max, bmax);
                 let rescale = (st.max - m).exp();
                 // e = exp(z - m), vectorised.
                 e.clear();
                 e.extend(z.iter().map(|&x| x - m));
                 T::exp_in_place(e);
-                let (mut s, mut sz) = (T::zero(), T::zero());
-                if self.entropy {
-                    for (&e, &x) in e.iter().zip(z) {
-                        s += e;
-                        sz += e * x;
-                    }
-                } else {
-                    for &e in e.iter() {
-                        s += e;
-                    }
-                }
+                let s = sum(e);
+                let sz = if self.entropy { dot(e, z) } else { T::zero() };
                 st.sum = st.sum * rescale + s;
                 st.sum_z = st.sum_z * rescale + sz;
                 st.max = m;

@@ -1,6 +1,8 @@
 //! Fused RMSNorm with backward (gradients for the input and the weight).
 
-use super::cpu::{c, new_written, rows_per_task, slice, storage, tensor, with_slices, Real};
+use super::cpu::{
+    c, dot, dot3, new_written, rows_per_task, slice, storage, tensor, with_slices, Real,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -13,7 +15,7 @@ pub(crate) struct RmsNorm {
 /// Inverse root-mean-square of one row.
 #[inline]
 fn rinv<T: Real>(row: &[T], eps: f64) -> T {
-    let ss: T = row.iter().map(|&v| v * v).sum();
+    let ss = dot(row, row);
     (ss / c::<T>(row.len() as f64) + c::<T>(eps)).sqrt().recip()
 }
 
@@ -64,8 +66,9 @@ impl RmsNorm {
                 let mut dw = vec![T::zero(); h];
                 for ((dx, x), g) in dx.chunks_mut(h).zip(x.chunks(h)).zip(g.chunks(h)) {
                     let r = rinv(x, self.eps);
-                    let dot: T = x.iter().zip(g).zip(w).map(|((&x, &g), &w)| g * w * x).sum();
-                    let k = r * r * r * dot * inv_h;
+                    let k = r * r * r * dot3(g, w, x) * inv_h;
+                    // Sliced to `h` so that the loop runs without bounds checks (and vectorises).
+                    let (dx, x, g, w, dw) = (&mut dx[..h], &x[..h], &g[..h], &w[..h], &mut dw[..h]);
                     for i in 0..h {
                         dx[i].write(r * g[i] * w[i] - x[i] * k);
                         dw[i] += g[i] * x[i] * r;
@@ -75,7 +78,7 @@ impl RmsNorm {
             })
             .collect();
         // SAFETY: `dx`, `x` and `g` have the same length, so their chunks pair up with equal
-        // lengths and cover `dx`; the loop above writes `dx[0..h]` of each (indexing panics,
+        // lengths and cover `dx`; the loop above writes `dx[0..h]` of each (slicing panics,
         // before this line, if a chunk were shorter).
         unsafe { dx.set_len(x.len()) };
         let mut dw = vec![T::zero(); h];
