@@ -263,25 +263,14 @@ impl Rotary {
 
     /// `(cos, sin)` of the angles of `positions`, `[T, D/2]` row-major, in f64.
     pub fn angles(&self, positions: impl ExactSizeIterator<Item = usize>) -> (Vec<f64>, Vec<f64>) {
-        let half = self.inv_freq.len();
-        let rows = |ps: &mut dyn Iterator<Item = usize>, n: usize| {
-            let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
-            for p in ps {
-                for &f in &self.inv_freq {
-                    let (s, c) = (p as f64 * f).sin_cos();
-                    cos.push(c);
-                    sin.push(s);
-                }
-            }
-            (cos, sin)
-        };
         let positions: Vec<usize> = positions.collect();
         let top = positions.iter().max().map_or(0, |&p| p + 1);
         if top > positions.len() {
-            return rows(&mut positions.iter().copied(), positions.len());
+            return self.rows(positions.iter().copied(), positions.len());
         }
         // Packed sequences repeat positions 0, 1, ..: each distinct one once, then copied.
-        let (tc, ts) = rows(&mut (0..top), top);
+        let half = self.inv_freq.len();
+        let (tc, ts) = self.rows(0..top, top);
         let (mut cos, mut sin) = (
             Vec::with_capacity(positions.len() * half),
             Vec::with_capacity(positions.len() * half),
@@ -289,6 +278,20 @@ impl Rotary {
         for &p in &positions {
             cos.extend_from_slice(&tc[p * half..(p + 1) * half]);
             sin.extend_from_slice(&ts[p * half..(p + 1) * half]);
+        }
+        (cos, sin)
+    }
+
+    /// `(cos, sin)` rows of the `n` positions of `ps`, computed one by one.
+    fn rows(&self, ps: impl Iterator<Item = usize>, n: usize) -> (Vec<f64>, Vec<f64>) {
+        let len = n * self.inv_freq.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(len), Vec::with_capacity(len));
+        for p in ps {
+            for &f in &self.inv_freq {
+                let (s, c) = (p as f64 * f).sin_cos();
+                cos.push(c);
+                sin.push(s);
+            }
         }
         (cos, sin)
     }
