@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Golden fixtures for the model crate (Qwen3 and Qwen2), computed with Hugging Face transformers.
+"""Golden fixtures for the model crate (Qwen3, Qwen2 and Llama), computed with Hugging Face transformers.
 
 Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy safetensors
 
   .venv/torch/bin/python scripts/golden_model.py generate [NAME...]
-      Builds tiny random checkpoints (all of MODELS, or the ones named): Qwen3 and Qwen2, each with
-      tied embeddings and untied with 4:1 grouped-query attention (the Qwen2 ones with random q/k/v
-      biases, the norms of all of them random around 1), saves them with `save_pretrained` (float32) under
-      crates/rlreplay-model/tests/fixtures/<name>/, and writes for each:
+      Builds tiny random checkpoints (all of MODELS, or the ones named): Qwen3, Qwen2 and Llama,
+      each with tied embeddings and untied with 4:1 grouped-query attention, the norms of all of
+      them random around 1. The untied Qwen2 has random q/k/v biases, the untied Llama random
+      q/k/v/o biases (`attention_bias`) and Llama 3.1 rotary scaling (`rope_type` "llama3", its
+      parameters chosen so that frequencies fall in each of the three bands: kept, interpolated,
+      divided by the factor; the bands are printed). Saves them with `save_pretrained` (float32)
+      under crates/rlreplay-model/tests/fixtures/<name>/, and writes for each:
         <name>.golden.json           the (prompt, response) pairs, temperature, the per-token
                                      weights g, golden per-token log-probs and entropies
         <name>.grads.safetensors     float64 gradients of sum(g * logprob) for every parameter
@@ -15,8 +18,10 @@ Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy saf
                                      (hyper-parameters and the second step's weights in the JSON)
       Golden values are computed in float64 on the saved float32 weights. transformers keeps
       RMSNorm, the RoPE angles and the eager softmax in float32 even in a float64 model, so those
-      three are patched to run in the model dtype. The unpatched float32 model is checked against
-      the float64 golden values (same semantics up to float32 rounding).
+      three are patched to run in the model dtype; the rotary inverse frequencies (default and
+      llama3) are recomputed in float64 and checked against transformers' float32 ones. The
+      unpatched float32 model is checked against the float64 golden values (same semantics up to
+      float32 rounding). Generating only some fixtures leaves the others' files untouched.
 
   .venv/torch/bin/python scripts/golden_model.py check-rust-save
       Runs the Rust test `hf_export` (crates/rlreplay-model/tests/golden.rs) with
@@ -39,11 +44,14 @@ import transformers
 from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
 
@@ -54,6 +62,7 @@ FIXTURES = ROOT / "crates/rlreplay-model/tests/fixtures"
 ARCHS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3, "Qwen3RMSNorm", "Qwen3RotaryEmbedding"),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, modeling_qwen2, "Qwen2RMSNorm", "Qwen2RotaryEmbedding"),
+    "llama": (LlamaConfig, LlamaForCausalLM, modeling_llama, "LlamaRMSNorm", "LlamaRotaryEmbedding"),
 }
 
 MODELS = {
@@ -82,6 +91,36 @@ MODELS = {
         0.7,
         22,
     ),
+    "llama_tiny_tied": (
+        "llama",
+        dict(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0, attention_bias=False),
+        1.0,
+        31,
+    ),
+    "llama_tiny_gqa_untied": (
+        "llama",
+        dict(
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+            attention_bias=True,
+            rope_theta=1000000.0,
+            # Llama 3.1 rotary scaling shrunk to the tiny model: with head_dim 16 and theta 1e6 the
+            # wavelengths 2*pi*theta^(2i/16) are 6.3, 35, 199 (kept, below 2048/4), 1117
+            # (interpolated, between 2048/4 and 2048) and 6283 and up (divided by the factor); see
+            # `llama3_bands`. Adjacent wavelengths are 1e6^(1/8) = 5.6x apart, more than the 4x
+            # width of the interpolated band, so that band holds at most one frequency.
+            rope=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=2048,
+            ),
+            max_position_embeddings=16384,
+        ),
+        0.7,
+        32,
+    ),
 }
 # (prompt length, response length) of the golden pairs.
 PAIRS = [(5, 7), (3, 1), (9, 4), (1, 6)]
@@ -106,7 +145,9 @@ def config(arch, overrides):
         del base["head_dim"]
     base.update(overrides)
     theta = base.pop("rope_theta")
-    cfg = ARCHS[arch][0](**base, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    rope = dict(base.pop("rope", {"rope_type": "default"}))
+    rope_type = rope.pop("rope_type")
+    cfg = ARCHS[arch][0](**base, rope_parameters={"rope_type": rope_type, "rope_theta": theta, **rope})
     cfg._attn_implementation = "eager"
     return cfg
 
@@ -158,14 +199,59 @@ class Float64Patches:
         self.norm.forward, self.rotary.forward, self.module.eager_attention_forward = self.saved
 
 
-def load_f64(arch, path):
-    model = ARCHS[arch][1].from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
-    cfg = model.config
+def default_inv_freq_f64(cfg):
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     theta = cfg.rope_parameters["rope_theta"]
-    model.model.rotary_emb.inv_freq_f64 = 1.0 / (
-        theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    )
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def llama3_bands(cfg):
+    """(wavelength before scaling, band) of each rotary frequency of a `llama3` config, the band
+    being "kept", "interpolated" or "divided" (by the factor)."""
+    rope = cfg.rope_parameters
+    old_context_len = rope["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / rope["low_freq_factor"]
+    high_freq_wavelen = old_context_len / rope["high_freq_factor"]
+    wavelen = (2 * math.pi / default_inv_freq_f64(cfg)).tolist()
+    return [
+        (w, "kept" if w < high_freq_wavelen else "divided" if w > low_freq_wavelen else "interpolated")
+        for w in wavelen
+    ]
+
+
+def inv_freq_f64(cfg):
+    """The rotary inverse frequencies in float64: transformers' default and `llama3` (Llama 3.1)
+    computations (`modeling_rope_utils`), which it runs in float32."""
+    rope = cfg.rope_parameters
+    inv_freq = default_inv_freq_f64(cfg)
+    if rope["rope_type"] == "default":
+        return inv_freq
+    assert rope["rope_type"] == "llama3", rope
+    factor = rope["factor"]
+    low_freq_factor = rope["low_freq_factor"]
+    high_freq_factor = rope["high_freq_factor"]
+    old_context_len = rope["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def load_f64(arch, path):
+    model = ARCHS[arch][1].from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
+    rotary = model.model.rotary_emb
+    assert rotary.attention_scaling == 1.0, rotary.attention_scaling
+    inv64 = inv_freq_f64(model.config)
+    # transformers' own inverse frequencies, computed in float32: equal up to float32 rounding
+    # (within two units in the last place; in practice within one).
+    inv32 = rotary.original_inv_freq.to(torch.float64)
+    rel = ((inv64 - inv32).abs() / inv64).max().item()
+    assert rel < 2.0**-22, f"float64 inverse frequencies differ from transformers' by {rel:.2e} (relative)"
+    rotary.inv_freq_f64 = inv64
     return model
 
 
@@ -231,8 +317,26 @@ def generate(names):
 
         with Float64Patches(arch):
             model64 = load_f64(arch, out)
+            rope = model64.config.rope_parameters
+            if rope["rope_type"] == "llama3":
+                bands = llama3_bands(model64.config)
+                ratio = (inv_freq_f64(model64.config) / default_inv_freq_f64(model64.config)).tolist()
+                print(f"{name}: llama3 bands (wavelength before scaling, band, scaled / unscaled frequency)")
+                for (w, b), r in zip(bands, ratio):
+                    print(f"    {w:12.1f}  {b:12s}  {r:.6f}")
+                assert {b for _, b in bands} == {"kept", "interpolated", "divided"}, bands
             with torch.no_grad():
                 lps, ents = all_logprobs(model64, pairs, temperature)
+            if rope["rope_type"] == "llama3":
+                # The pairs must tell the scaled rotary embedding from the unscaled one.
+                rotary = model64.model.rotary_emb
+                rotary.inv_freq_f64 = default_inv_freq_f64(model64.config)
+                with torch.no_grad():
+                    unscaled, _ = all_logprobs(model64, pairs, temperature)
+                rotary.inv_freq_f64 = inv_freq_f64(model64.config)
+                moved = max((a - b).abs().max().item() for a, b in zip(unscaled, lps))
+                print(f"{name}: without the llama3 scaling the log-probs move by up to {moved:.2e}")
+                assert moved > 1e-4, moved
             diff = max((a.double() - b).abs().max().item() for a, b in zip(lp32, lps))
             assert diff < 1e-5, f"float32 transformers differs from the float64 golden by {diff}"
             model64.zero_grad()
