@@ -243,6 +243,11 @@ def inv_freq_f64(cfg):
 
 def load_f64(arch, path):
     model = ARCHS[arch][1].from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
+    return set_inv_freq_f64(model)
+
+
+def set_inv_freq_f64(model):
+    """Gives the model's rotary embedding the float64 inverse frequencies `rotary_forward` uses."""
     rotary = model.model.rotary_emb
     assert rotary.attention_scaling == 1.0, rotary.attention_scaling
     inv64 = inv_freq_f64(model.config)
