@@ -29,9 +29,9 @@ enum Command {
     Synth(commands::synth::Args),
     /// Advantages, loss, per-token gradients and metrics of one batch given as JSON.
     Compute(commands::compute::Args),
-    /// Per-token log-probs of responses under a Qwen3 model.
+    /// Per-token log-probs of responses under a model (Qwen3, Qwen2, Llama).
     Logprobs(commands::logprobs::Args),
-    /// Train a Qwen3 policy on a rollout dataset (exact replay or an off-policy schedule).
+    /// Train a policy on a rollout dataset (exact replay or an off-policy schedule).
     Replay(commands::replay::Args),
     /// Grade predicted answers against gold answers with the math verifier.
     Verify(commands::verify::Args),

@@ -178,8 +178,10 @@ impl Model {
         let mut extra: Vec<&String> = found
             .keys()
             .filter(|n| !expected.contains(n.as_str()))
-            // A tied checkpoint may still carry its lm_head copy; it is ignored.
+            // A tied checkpoint may still carry its lm_head copy, and older Llama checkpoints
+            // their rotary tables (computed from the configuration here); both are ignored.
             .filter(|n| !(cfg.tie_word_embeddings && n.as_str() == "lm_head.weight"))
+            .filter(|n| !n.ends_with(".rotary_emb.inv_freq"))
             .collect();
         extra.sort();
         if let Some(name) = extra.first() {

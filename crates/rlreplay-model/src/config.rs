@@ -1,5 +1,6 @@
 //! The model configuration, read from and written to a Hugging Face `config.json`: the sizes every
-//! architecture of the Qwen family shares, and which [`Architecture`] the checkpoint is.
+//! supported architecture (Qwen3, Qwen2, Llama) shares, the rotary embedding's scaling, and which
+//! [`Architecture`] the checkpoint is.
 
 use std::path::Path;
 
@@ -19,8 +20,8 @@ const MAX_POSITIONS: usize = 1 << 24;
 const MAX_PARAMS: u128 = 1_000_000_000_000;
 
 /// The architectures the model crate implements, by their Hugging Face `model_type`. Each has a
-/// module ([`crate::qwen3`], [`crate::qwen2`]) that reads its `config.json` specifics and builds its
-/// decoder layers.
+/// module ([`crate::qwen3`], [`crate::qwen2`], [`crate::llama`]) that reads its `config.json`
+/// specifics and says what its decoder layers hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Architecture {
     /// `Qwen3ForCausalLM`: RMSNorm on every query and key head, no projection biases.
@@ -29,17 +30,25 @@ pub enum Architecture {
     /// `Qwen2ForCausalLM` (Qwen2, Qwen2.5, Qwen2.5-Math): biases on the q/k/v projections, no
     /// query/key norm.
     Qwen2,
+    /// `LlamaForCausalLM` (Llama 2/3.x, SmolLM2): no query/key norm, biases on all four attention
+    /// projections when `attention_bias` is set, untied by default.
+    Llama,
 }
 
 impl Architecture {
     /// Every architecture, in declaration order.
-    pub const ALL: [Architecture; 2] = [Architecture::Qwen3, Architecture::Qwen2];
+    pub const ALL: [Architecture; 3] = [
+        Architecture::Qwen3,
+        Architecture::Qwen2,
+        Architecture::Llama,
+    ];
 
     /// The Hugging Face `model_type`.
     pub fn model_type(self) -> &'static str {
         match self {
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen2 => "qwen2",
+            Architecture::Llama => "llama",
         }
     }
 
@@ -48,6 +57,7 @@ impl Architecture {
         match self {
             Architecture::Qwen3 => "Qwen3ForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Llama => "LlamaForCausalLM",
         }
     }
 
@@ -61,6 +71,7 @@ impl Architecture {
         match self {
             Architecture::Qwen3 => crate::qwen3::check_hf_config(obj),
             Architecture::Qwen2 => crate::qwen2::check_hf_config(obj),
+            Architecture::Llama => crate::llama::check_hf_config(obj),
         }
     }
 
@@ -69,29 +80,163 @@ impl Architecture {
         match self {
             Architecture::Qwen3 => crate::qwen3::DEFAULT_TIED,
             Architecture::Qwen2 => crate::qwen2::DEFAULT_TIED,
+            Architecture::Llama => crate::llama::DEFAULT_TIED,
         }
     }
 
-    /// What the architecture's decoder layer holds besides the common weights.
-    pub(crate) fn layer(self) -> crate::layer::LayerKind {
+    /// What the architecture's decoder layer holds besides the common weights, given whether the
+    /// configuration asks for attention biases (`attention_bias`, read by Llama only).
+    pub(crate) fn layer(self, attention_bias: bool) -> crate::layer::LayerKind {
         match self {
             Architecture::Qwen3 => crate::qwen3::LAYER,
             Architecture::Qwen2 => crate::qwen2::LAYER,
+            Architecture::Llama => crate::llama::layer(attention_bias),
         }
-    }
-
-    /// Whether the q/k/v projections carry biases.
-    pub fn qkv_bias(self) -> bool {
-        self.layer().qkv_bias
-    }
-
-    /// Whether every query and key head is RMS-normalised before the rotary embedding.
-    pub fn qk_norm(self) -> bool {
-        self.layer().qk_norm
     }
 }
 
-/// The hyper-parameters of a causal language model of the Qwen family.
+/// How the rotary embedding's frequencies are scaled (`rope_parameters` / `rope_scaling` of
+/// `config.json`). Only the scalings whose attention factor is 1 are implemented.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum RopeScaling {
+    /// The plain rotary embedding, `θ^(−2i/D)`.
+    #[default]
+    Default,
+    /// Llama 3.1's frequency-dependent scaling (`rope_type = "llama3"`): long wavelengths are
+    /// divided by `factor`, short ones kept, the band between interpolated.
+    Llama3 {
+        /// How much longer the context is than the original one.
+        factor: f64,
+        /// Wavelengths longer than `original / low_freq_factor` are divided by `factor`.
+        low_freq_factor: f64,
+        /// Wavelengths shorter than `original / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context length the model was pretrained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// Reads a `rope_parameters` / `rope_scaling` object (`rope_type`, or the older `type`).
+    fn from_hf(key: &str, v: &Value) -> Result<Self> {
+        if v.is_null() {
+            return Ok(RopeScaling::Default);
+        }
+        let kind = v
+            .get("rope_type")
+            .or_else(|| v.get("type"))
+            .and_then(Value::as_str);
+        match kind {
+            None | Some("default") => Ok(RopeScaling::Default),
+            Some("llama3") => {
+                let num = |k: &str| -> Result<f64> {
+                    v.get(k).and_then(Value::as_f64).ok_or_else(|| {
+                        Error::Config(format!("{key}.{k} is missing or not a number"))
+                    })
+                };
+                let scaling = RopeScaling::Llama3 {
+                    factor: num("factor")?,
+                    low_freq_factor: num("low_freq_factor")?,
+                    high_freq_factor: num("high_freq_factor")?,
+                    original_max_position_embeddings: v
+                        .get("original_max_position_embeddings")
+                        .map(|x| as_usize(&format!("{key}.original_max_position_embeddings"), x))
+                        .transpose()?
+                        .ok_or_else(|| {
+                            Error::Config(format!(
+                                "{key}.original_max_position_embeddings is missing"
+                            ))
+                        })?,
+                };
+                scaling.validate()?;
+                Ok(scaling)
+            }
+            Some(other) => Err(Error::Config(format!(
+                "{key} {v} is not supported: rope_type {other:?} (supported: default, llama3)"
+            ))),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = *self
+        {
+            let ok = factor.is_finite()
+                && factor >= 1.0
+                && low_freq_factor.is_finite()
+                && low_freq_factor > 0.0
+                && high_freq_factor.is_finite()
+                && high_freq_factor > low_freq_factor
+                && original_max_position_embeddings > 0;
+            if !ok {
+                return Err(Error::Config(format!(
+                    "llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < \
+                     high_freq_factor and original_max_position_embeddings > 0, got {self:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The inverse frequencies `θ^(−2i/D)` of a head width `d`, scaled (in f64; transformers'
+    /// `_compute_llama3_parameters`).
+    pub fn inv_freq(&self, theta: f64, d: usize) -> Vec<f64> {
+        let base = (0..d / 2).map(|i| 1.0 / theta.powf((2 * i) as f64 / d as f64));
+        match *self {
+            RopeScaling::Default => base.collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old = original_max_position_embeddings as f64;
+                let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+                base.map(|f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen > low_wavelen {
+                        f / factor
+                    } else if wavelen < high_wavelen {
+                        f
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+            }
+        }
+    }
+
+    /// The `rope_parameters` object transformers writes, with `rope_theta`.
+    fn to_hf(self, theta: f64) -> Value {
+        match self {
+            RopeScaling::Default => {
+                serde_json::json!({"rope_theta": theta, "rope_type": "default"})
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => serde_json::json!({
+                "rope_theta": theta,
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+            }),
+        }
+    }
+}
+
+/// The hyper-parameters of a causal language model of a supported [`Architecture`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     /// Which architecture (Hugging Face `model_type`).
@@ -114,6 +259,11 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     /// Base of the rotary position embedding.
     pub rope_theta: f64,
+    /// How the rotary frequencies are scaled.
+    pub rope_scaling: RopeScaling,
+    /// Biases on the q, k, v and o projections (Llama's `attention_bias`; Qwen2's q/k/v biases
+    /// are part of its architecture and do not depend on it).
+    pub attention_bias: bool,
     /// Whether the lm_head shares the embedding matrix.
     pub tie_word_embeddings: bool,
     /// Longest supported sequence.
@@ -139,6 +289,8 @@ impl ModelConfig {
             head_dim: 32,
             rms_norm_eps: 1e-6,
             rope_theta: 1_000_000.0,
+            rope_scaling: RopeScaling::Default,
+            attention_bias: false,
             tie_word_embeddings: true,
             max_position_embeddings: 4096,
             torch_dtype: None,
@@ -199,18 +351,22 @@ impl ModelConfig {
         architecture.check_hf(&obj)?;
         refuse_if(&obj, "use_sliding_window", |v| v.as_bool() == Some(true))?;
         refuse_if(&obj, "hidden_act", |v| v.as_str() != Some("silu"))?;
-        refuse_if(&obj, "rope_scaling", |v| {
-            !(v.is_null() || v.get("rope_type").and_then(Value::as_str) == Some("default"))
-        })?;
+        // transformers 5 writes `rope_parameters`; earlier versions `rope_scaling`.
         let rope_params = obj.get("rope_parameters").cloned();
-        if let Some(rp) = &rope_params {
-            let kind = rp.get("rope_type").and_then(Value::as_str);
-            if !(rp.is_null() || kind.is_none() || kind == Some("default")) {
+        let rope_scaling = match (&rope_params, obj.remove("rope_scaling")) {
+            (Some(rp), _) if !rp.is_null() => RopeScaling::from_hf("rope_parameters", rp)?,
+            (_, Some(rs)) => RopeScaling::from_hf("rope_scaling", &rs)?,
+            _ => RopeScaling::Default,
+        };
+        let attention_bias = match obj.remove("attention_bias") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => b,
+            Some(v) => {
                 return Err(Error::Config(format!(
-                    "rope_parameters {rp} is not supported (only the default rotary embedding)"
-                )));
+                    "attention_bias is {v}, expected true or false"
+                )))
             }
-        }
+        };
 
         let num_attention_heads = take_usize(&mut obj, "num_attention_heads")?;
         let hidden_size = take_usize(&mut obj, "hidden_size")?;
@@ -272,6 +428,8 @@ impl ModelConfig {
                 as_f64("rms_norm_eps", &v)?
             },
             rope_theta,
+            rope_scaling,
+            attention_bias,
             tie_word_embeddings,
             max_position_embeddings: take_usize(&mut obj, "max_position_embeddings")?,
             torch_dtype,
@@ -335,6 +493,13 @@ impl ModelConfig {
                 self.rope_theta
             )));
         }
+        self.rope_scaling.validate()?;
+        if self.attention_bias && self.architecture != Architecture::Llama {
+            return Err(Error::Config(format!(
+                "attention_bias = true is not supported for {}",
+                self.architecture.model_type()
+            )));
+        }
         if self.num_parameters() > MAX_PARAMS {
             return Err(Error::Config(format!(
                 "the configuration describes {} parameters, more than the supported {MAX_PARAMS}",
@@ -354,19 +519,18 @@ impl ModelConfig {
         let d = self.head_dim as u128;
         let q = self.num_attention_heads as u128 * d;
         let kv = self.num_key_value_heads as u128 * d;
-        let qk_norm = if self.architecture.qk_norm() {
-            2 * d
-        } else {
-            0
-        };
-        let qkv_bias = if self.architecture.qkv_bias() {
-            q + 2 * kv
-        } else {
-            0
-        };
-        let layer = 2 * h + qk_norm + qkv_bias + h * q + 2 * h * kv + q * h + 3 * h * i;
+        let kind = self.layer();
+        let qk_norm = if kind.qk_norm { 2 * d } else { 0 };
+        let qkv_bias = if kind.qkv_bias { q + 2 * kv } else { 0 };
+        let o_bias = if kind.o_bias { h } else { 0 };
+        let layer = 2 * h + qk_norm + qkv_bias + o_bias + h * q + 2 * h * kv + q * h + 3 * h * i;
         let lm_head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + self.num_hidden_layers as u128 * layer + h + lm_head
+    }
+
+    /// What this configuration's decoder layers hold besides the common weights.
+    pub(crate) fn layer(&self) -> crate::layer::LayerKind {
+        self.architecture.layer(self.attention_bias)
     }
 
     /// The configuration as a Hugging Face `config.json` object that `transformers` loads.
@@ -389,18 +553,20 @@ impl ModelConfig {
         set("head_dim", self.head_dim.into());
         set("rms_norm_eps", self.rms_norm_eps.into());
         set("rope_theta", self.rope_theta.into());
-        set(
-            "rope_parameters",
-            serde_json::json!({"rope_theta": self.rope_theta, "rope_type": "default"}),
-        );
+        set("rope_parameters", self.rope_scaling.to_hf(self.rope_theta));
         set("tie_word_embeddings", self.tie_word_embeddings.into());
         set(
             "max_position_embeddings",
             self.max_position_embeddings.into(),
         );
         set("hidden_act", "silu".into());
-        if self.architecture == Architecture::Qwen3 {
-            set("attention_bias", false.into());
+        match self.architecture {
+            Architecture::Qwen3 => set("attention_bias", false.into()),
+            Architecture::Llama => {
+                set("attention_bias", self.attention_bias.into());
+                set("mlp_bias", false.into());
+            }
+            Architecture::Qwen2 => {}
         }
         if let Some(d) = &self.torch_dtype {
             set("torch_dtype", d.clone().into());
@@ -491,7 +657,7 @@ mod tests {
     #[test]
     fn refuses_bad_configs() {
         let cases: Vec<(&str, Value, &str)> = vec![
-            ("model_type", "llama".into(), "model_type"),
+            ("model_type", "gpt2".into(), "model_type"),
             ("num_key_value_heads", 5.into(), "not a multiple"),
             ("vocab_size", 0.into(), "vocab_size"),
             ("hidden_size", (1u64 << 40).into(), "hidden_size"),
@@ -555,6 +721,103 @@ mod tests {
         );
         o_set(&mut v, "head_dim", 64.into());
         assert!(parse(&v).unwrap_err().to_string().contains("head_dim"));
+    }
+
+    /// SmolLM2-135M-Instruct's `config.json` (a Llama with tied embeddings).
+    fn smollm2_json() -> Value {
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 1,
+            "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 576,
+            "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
+            "max_position_embeddings": 8192, "mlp_bias": false, "num_attention_heads": 9,
+            "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2,
+            "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+            "rope_theta": 100000, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "vocab_size": 49152
+        })
+    }
+
+    #[test]
+    fn parses_llama_smollm2_and_llama3_scaling() {
+        let cfg = parse(&smollm2_json()).unwrap();
+        assert_eq!(cfg.architecture, Architecture::Llama);
+        assert_eq!((cfg.head_dim, cfg.num_key_value_heads), (64, 3));
+        assert!(cfg.tie_word_embeddings && !cfg.attention_bias);
+        assert_eq!(cfg.rope_scaling, RopeScaling::Default);
+        // SmolLM2-135M has 134.5 M parameters.
+        assert_eq!(cfg.num_parameters(), 134_515_008);
+        assert_eq!(parse(&cfg.to_hf_json()).unwrap(), cfg);
+
+        // Llama 3.2 1B: untied by default here, llama3 rope scaling, in both spellings.
+        let mut v = smollm2_json();
+        let o = v.as_object_mut().unwrap();
+        o.remove("tie_word_embeddings");
+        o.insert("attention_bias".into(), true.into());
+        let scaling = serde_json::json!({"factor": 32.0, "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+            "rope_type": "llama3"});
+        o.insert("rope_scaling".into(), scaling.clone());
+        let cfg = parse(&v).unwrap();
+        assert!(!cfg.tie_word_embeddings && cfg.attention_bias);
+        let want = RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        assert_eq!(cfg.rope_scaling, want);
+        let again = parse(&cfg.to_hf_json()).unwrap();
+        assert_eq!(again, cfg);
+        assert_eq!(cfg.to_hf_json()["rope_parameters"]["rope_type"], "llama3");
+        // Biases on q, k, v (Hq·D + 2·Hkv·D) and o (H) in every layer.
+        let plain = parse(&smollm2_json()).unwrap().num_parameters();
+        let untied_biased = plain + 49152 * 576 + 30 * (576 + 2 * 192 + 576);
+        assert_eq!(cfg.num_parameters(), untied_biased);
+
+        o_set(&mut v, "mlp_bias", true.into());
+        assert!(parse(&v).unwrap_err().to_string().contains("mlp_bias"));
+        o_set(&mut v, "mlp_bias", false.into());
+        let mut bad = scaling.clone();
+        bad["rope_type"] = "yarn".into();
+        o_set(&mut v, "rope_scaling", bad);
+        assert!(parse(&v).unwrap_err().to_string().contains("yarn"));
+        let mut bad = scaling;
+        bad["high_freq_factor"] = 0.5.into();
+        o_set(&mut v, "rope_scaling", bad);
+        assert!(parse(&v).unwrap_err().to_string().contains("llama3"));
+        // attention_bias is Llama's alone.
+        let mut q = hf_json();
+        o_set(&mut q, "attention_bias", true.into());
+        assert!(parse(&q).is_err());
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_short_divides_long_and_blends_between() {
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        };
+        let base = RopeScaling::Default.inv_freq(1e4, 16);
+        let scaled = s.inv_freq(1e4, 16);
+        let wavelen = |f: f64| 2.0 * std::f64::consts::PI / f;
+        let mut bands = [0; 3];
+        for (b, v) in base.iter().zip(&scaled) {
+            let w = wavelen(*b);
+            if w < 16.0 {
+                assert_eq!(v, b);
+                bands[0] += 1;
+            } else if w > 64.0 {
+                assert_eq!(*v, b / 8.0);
+                bands[2] += 1;
+            } else {
+                assert!(*v < *b && *v > b / 8.0, "{v} {b}");
+                bands[1] += 1;
+            }
+        }
+        assert!(bands.iter().all(|&n| n > 0), "{bands:?}");
     }
 
     fn o_set(v: &mut Value, key: &str, value: Value) {

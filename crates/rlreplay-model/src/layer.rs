@@ -1,4 +1,4 @@
-//! The decoder layer of the Qwen family, defined once: its weights as named fields, how they are
+//! The decoder layer of every supported architecture (Qwen3, Qwen2, Llama), defined once: its weights as named fields, how they are
 //! named in a Hugging Face checkpoint, the rotary tables, and the layer's math. The training
 //! forward pass and the KV-cache decoder run [`DecoderLayer::forward`] (they differ only in how
 //! attention sees past tokens); the f32 host decoder reads the same weights and rotary tables and is
@@ -15,6 +15,8 @@ use crate::{ModelConfig, Result};
 pub(crate) struct LayerKind {
     /// Biases on the q, k and v projections.
     pub qkv_bias: bool,
+    /// A bias on the output projection.
+    pub o_bias: bool,
     /// RMSNorm on every query and key head before the rotary embedding.
     pub qk_norm: bool,
 }
@@ -146,7 +148,7 @@ impl<W> DecoderLayer<W> {
 impl DecoderLayer<Var> {
     /// Layer `prefix` (`model.layers.N`) of `cfg`'s architecture, with its Hugging Face names.
     pub(crate) fn new(cfg: &ModelConfig, vb: &mut VarBuilder<'_>, prefix: &str) -> Result<Self> {
-        let kind = cfg.architecture.layer();
+        let kind = cfg.layer();
         let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (q, kv) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
         let p = |s: &str| format!("{prefix}.{s}");
@@ -154,7 +156,7 @@ impl DecoderLayer<Var> {
         let q_proj = vb.linear(&p("self_attn.q_proj"), q, h, kind.qkv_bias)?;
         let k_proj = vb.linear(&p("self_attn.k_proj"), kv, h, kind.qkv_bias)?;
         let v_proj = vb.linear(&p("self_attn.v_proj"), kv, h, kind.qkv_bias)?;
-        let o_proj = vb.linear(&p("self_attn.o_proj"), h, q, false)?;
+        let o_proj = vb.linear(&p("self_attn.o_proj"), h, q, kind.o_bias)?;
         let (q_norm, k_norm) = if kind.qk_norm {
             (
                 Some(vb.get(&p("self_attn.q_norm.weight"), &[d])?),
@@ -251,13 +253,10 @@ pub(crate) struct Rotary {
 }
 
 impl Rotary {
-    /// The rotary embedding of `cfg`.
+    /// The rotary embedding of `cfg`, with its frequency scaling.
     pub fn new(cfg: &ModelConfig) -> Self {
-        let d = cfg.head_dim;
         Self {
-            inv_freq: (0..d / 2)
-                .map(|i| 1.0 / cfg.rope_theta.powf((2 * i) as f64 / d as f64))
-                .collect(),
+            inv_freq: cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.head_dim),
         }
     }
 

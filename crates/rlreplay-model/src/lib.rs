@@ -1,15 +1,17 @@
-//! Causal language models of the Qwen family on candle: packed per-token log-probs, backward, AdamW
-//! and Hugging Face checkpoints.
+//! Causal language models (Qwen3, Qwen2/Qwen2.5, Llama) on candle: packed per-token log-probs,
+//! backward, AdamW and Hugging Face checkpoints.
 //!
-//! - [`CausalLm`]: what training, sampling and checkpointing need of a model.
-//! - [`Model`]: a Qwen3 or Qwen2/Qwen2.5 model ([`Architecture`]) with f32 (or f64) master weights;
+//! - [`Model`]: a model of any [`Architecture`] with f32 (or f64) master weights. The
+//!   architectures differ only in what their decoder layers hold ([`layer`]), so one type serves
+//!   them all and every caller (trainer, sampler, server) takes it;
 //!   [`Model::logprobs`] for per-token log-probs of packed (prompt, response) pairs,
 //!   [`Model::forward_backward`] to accumulate the gradients of a weighted sum of those log-probs;
 //!   [`Model::load`] / [`Model::save_hf`] for checkpoints in the Hugging Face layout;
 //!   [`Model::set_activation_recompute`] trades a second forward pass of the layers for activation
 //!   memory in the backward pass.
-//! - [`layer`]: the decoder layer (named weights, one definition of its math); [`qwen3`] and
-//!   [`qwen2`]: what each architecture adds.
+//! - [`layer`]: the decoder layer (named weights, one definition of its math); [`qwen3`],
+//!   [`qwen2`] and [`llama`]: what each architecture adds. [`RopeScaling`]: Llama 3.1's rotary
+//!   frequency scaling.
 //! - [`generate::Decoder`]: the KV-cache decoder sampling runs on.
 //! - [`ModelConfig`]: the configuration, read from a Hugging Face `config.json`.
 //! - [`parse_device`]: `cpu`, `cuda` or `cuda:N` (CUDA with the `cuda` feature); [`memory_peak`]
@@ -22,13 +24,13 @@
 //! - [`golden`]: the golden fixtures' format (transformers' float64 references).
 #![warn(missing_docs)]
 
-mod causal_lm;
 mod checkpoint;
 mod config;
 mod device;
 pub mod generate;
 pub mod golden;
 pub mod layer;
+pub mod llama;
 mod memory;
 mod mixed;
 mod model;
@@ -39,9 +41,8 @@ pub mod qwen2;
 pub mod qwen3;
 
 pub use candle_core::{DType, Device};
-pub use causal_lm::CausalLm;
 pub use checkpoint::{SaveOptions, TOKENIZER_FILES};
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use device::{memory_peak, parse_device, reset_memory_peak};
 pub use memory::{available_memory, MemoryEstimate, Workload};
 pub use mixed::mixed_logprobs;

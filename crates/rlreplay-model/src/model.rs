@@ -1,4 +1,4 @@
-//! The causal language model of the Qwen family: packed forward pass, per-token log-probs and
+//! The causal language model (Qwen3, Qwen2, Llama): packed forward pass, per-token log-probs and
 //! gradients. The decoder layers are [`DecoderLayer`]s built by the architecture named in the
 //! configuration.
 
@@ -48,7 +48,7 @@ pub struct TokenLogProbs {
     pub entropy: Option<Vec<Vec<f64>>>,
 }
 
-/// A causal LM of the Qwen family with master weights, gradient buffers and a compute dtype.
+/// A causal LM of any supported [`crate::Architecture`] with master weights, gradient buffers and a compute dtype.
 pub struct Model {
     cfg: ModelConfig,
     embed_tokens: Var,
@@ -910,7 +910,7 @@ mod tests {
 
     #[test]
     fn blockwise_path_matches_the_cpu_kernels_in_f64() {
-        for arch in [Architecture::Qwen3, Architecture::Qwen2] {
+        for arch in Architecture::ALL {
             for tied in [true, false] {
                 for recompute in [false, true] {
                     let mut model =

@@ -7,7 +7,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
-use crate::{CausalLm, Error, Result};
+use crate::{Error, Model, Result};
 
 /// Hyper-parameters of [`AdamW`] (defaults: verl's actor optimizer).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ struct StateMeta {
 
 impl AdamW {
     /// An optimizer for the parameters of `model`.
-    pub fn new(model: &dyn CausalLm, cfg: AdamWConfig) -> Self {
+    pub fn new(model: &Model, cfg: AdamWConfig) -> Self {
         Self {
             cfg,
             state: vec![None; model.params().len()],
@@ -101,7 +101,7 @@ impl AdamW {
     /// computes the global gradient norm, skips the update when it is not finite, clips to
     /// `max_grad_norm` (torch's `clip_grad_norm_`: scale by `max/(norm + 1e-6)` when below 1),
     /// applies AdamW, and clears the gradients in every case.
-    pub fn step(&mut self, model: &mut dyn CausalLm, lr: f64) -> Result<StepReport> {
+    pub fn step(&mut self, model: &mut Model, lr: f64) -> Result<StepReport> {
         self.check(model)?;
         let grad_norm = model.grad_norm()?;
         self.step_with_norm(model, lr, grad_norm)
@@ -112,7 +112,7 @@ impl AdamW {
     /// shard). Parameters without a gradient are left untouched.
     pub fn step_with_norm(
         &mut self,
-        model: &mut dyn CausalLm,
+        model: &mut Model,
         lr: f64,
         grad_norm: f64,
     ) -> Result<StepReport> {
@@ -169,7 +169,7 @@ impl AdamW {
         })
     }
 
-    fn check(&self, model: &dyn CausalLm) -> Result<()> {
+    fn check(&self, model: &Model) -> Result<()> {
         if model.params().len() != self.state.len() {
             return Err(Error::Input(format!(
                 "optimizer built for {} parameters, model has {}",
@@ -229,7 +229,7 @@ impl AdamW {
 
     /// Reads optimizer state written by [`AdamW::save`] for the parameters of `model`; a moment
     /// whose name or shape does not match the model is an error naming it.
-    pub fn load(path: impl AsRef<Path>, model: &dyn CausalLm) -> Result<Self> {
+    pub fn load(path: impl AsRef<Path>, model: &Model) -> Result<Self> {
         let path = path.as_ref();
         let bad = |msg: String| Error::Checkpoint(format!("{}: {msg}", path.display()));
         let bytes = std::fs::read(path)

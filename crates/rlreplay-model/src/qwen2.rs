@@ -9,6 +9,7 @@ use crate::{Error, Result};
 /// The decoder layer of Qwen2.
 pub(crate) const LAYER: LayerKind = LayerKind {
     qkv_bias: true,
+    o_bias: false,
     qk_norm: false,
 };
 

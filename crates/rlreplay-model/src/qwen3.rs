@@ -10,6 +10,7 @@ use crate::Result;
 /// The decoder layer of Qwen3.
 pub(crate) const LAYER: LayerKind = LayerKind {
     qkv_bias: false,
+    o_bias: false,
     qk_norm: true,
 };
 

@@ -1,5 +1,6 @@
 //! The model against float64 golden values from Hugging Face transformers
-//! (`scripts/golden_model.py generate`), for Qwen3 and Qwen2, tied and untied: per-token log-probs
+//! (`scripts/golden_model.py generate`), for Qwen3, Qwen2 and Llama (with q/k/v/o biases and llama3
+//! rotary scaling), tied and untied: per-token log-probs
 //! and entropies, gradients of a weighted sum of log-probs, two AdamW steps with clipping, export
 //! of a checkpoint that `scripts/golden_model.py check-rust-save` loads back with transformers,
 //! and both sampling decoders against those log-probs.
@@ -13,11 +14,13 @@ use rlreplay_model::generate::{Decoder, KvCache};
 use rlreplay_model::golden::{max_abs_diff, Golden};
 use rlreplay_model::{AdamW, AdamWConfig, Architecture, DType, Device, Model};
 
-const MODELS: [&str; 4] = [
+const MODELS: [&str; 6] = [
     "tiny_tied",
     "tiny_gqa_untied",
     "qwen2_tiny_tied",
     "qwen2_tiny_gqa_untied",
+    "llama_tiny_tied",
+    "llama_tiny_gqa_untied",
 ];
 
 fn fixtures() -> PathBuf {
@@ -188,7 +191,7 @@ fn hf_export() {
 }
 
 #[test]
-fn fixtures_cover_both_architectures() {
+fn fixtures_cover_every_architecture() {
     let archs: Vec<Architecture> = MODELS
         .iter()
         .map(|n| load_model(n, DType::F32).config().architecture)
@@ -199,7 +202,9 @@ fn fixtures_cover_both_architectures() {
             Architecture::Qwen3,
             Architecture::Qwen3,
             Architecture::Qwen2,
-            Architecture::Qwen2
+            Architecture::Qwen2,
+            Architecture::Llama,
+            Architecture::Llama
         ]
     );
 }

@@ -3,7 +3,8 @@
 
 use candle_core::{Tensor, Var};
 use rlreplay_model::{
-    mixed_logprobs, AdamW, AdamWConfig, DType, Device, Model, ModelConfig, SaveOptions, SeqPair,
+    mixed_logprobs, AdamW, AdamWConfig, Architecture, DType, Device, Model, ModelConfig,
+    RopeScaling, SaveOptions, SeqPair,
 };
 
 /// A very small configuration for finite differences: GQA 4:2, head_dim != hidden/heads.
@@ -19,6 +20,23 @@ fn micro(tied: bool) -> ModelConfig {
         tie_word_embeddings: tied,
         max_position_embeddings: 64,
         ..ModelConfig::tiny()
+    }
+}
+
+/// [`micro`] as a Llama with biases on all four attention projections and llama3 rotary scaling
+/// (its three frequency bands all present at head width 8).
+fn micro_llama(tied: bool) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Llama,
+        attention_bias: true,
+        rope_theta: 100.0,
+        rope_scaling: RopeScaling::Llama3 {
+            factor: 4.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 32,
+        },
+        ..micro(tied)
     }
 }
 
@@ -72,9 +90,15 @@ fn random_model(cfg: ModelConfig, dtype: DType) -> Model {
 
 #[test]
 fn every_parameter_gets_a_nonzero_gradient() {
-    for (tied, recompute) in [(true, false), (false, false), (true, true), (false, true)] {
+    let cases = [(true, false), (false, false), (true, true), (false, true)];
+    for ((tied, recompute), llama) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
         let b = batch(40);
-        let mut model = random_model(micro(tied), DType::F32);
+        let cfg = if llama {
+            micro_llama(tied)
+        } else {
+            micro(tied)
+        };
+        let mut model = random_model(cfg, DType::F32);
         model.set_activation_recompute(recompute);
         assert_eq!(model.activation_recompute(), recompute);
         let n: usize = b.iter().map(|(_, r)| r.len()).sum();
@@ -89,7 +113,7 @@ fn every_parameter_gets_a_nonzero_gradient() {
             let max = flat(g).iter().fold(0.0f64, |m, x| m.max(x.abs()));
             assert!(
                 max > 0.0,
-                "{} (tied={tied}, recompute={recompute}) has an all-zero gradient",
+                "{} (tied={tied}, recompute={recompute}, llama={llama}) has an all-zero gradient",
                 p.name
             );
         }
@@ -102,11 +126,17 @@ fn every_parameter_gets_a_nonzero_gradient() {
 
 #[test]
 fn f64_gradients_match_finite_differences() {
-    for tied in [true, false] {
+    for (tied, cfg) in [
+        (true, micro(true)),
+        (false, micro(false)),
+        (true, micro_llama(true)),
+        (false, micro_llama(false)),
+    ] {
         let b = batch(40);
         let n: usize = b.iter().map(|(_, r)| r.len()).sum();
         let w = weights(n);
-        let mut model = random_model(micro(tied), DType::F64);
+        let arch = cfg.architecture;
+        let mut model = random_model(cfg, DType::F64);
         let temperature = 0.8;
         model
             .forward_backward(&as_pairs(&b), &w, temperature)
@@ -150,13 +180,13 @@ fn f64_gradients_match_finite_differences() {
                 worst = worst.max(err);
                 assert!(
                     err < 1e-5,
-                    "{} [{idx}] (tied={tied}): analytic {} vs numeric {numeric}",
+                    "{} [{idx}] ({arch:?}, tied={tied}): analytic {} vs numeric {numeric}",
                     p.name,
                     g[idx]
                 );
             }
         }
-        eprintln!("tied={tied}: worst finite-difference relative error {worst:e}");
+        eprintln!("{arch:?} tied={tied}: worst finite-difference relative error {worst:e}");
     }
 }
 

@@ -18,7 +18,7 @@ use rlreplay_sampling::sampling::SamplingParams;
 /// Options shared by `generate` and `eval`: model, tokenizer, sampling and batching.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Hugging Face Qwen3 model directory (config.json, safetensors).
+    /// Hugging Face model directory (config.json, safetensors; Qwen3, Qwen2 or Llama).
     #[arg(long)]
     pub model: PathBuf,
     /// Directory with tokenizer.json and tokenizer_config.json (default: the model directory).

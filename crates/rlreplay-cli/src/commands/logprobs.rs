@@ -12,7 +12,7 @@ use serde::Deserialize;
 /// Arguments of `rlreplay logprobs`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Hugging Face Qwen3 checkpoint directory (config.json and safetensors).
+    /// Hugging Face checkpoint directory (config.json and safetensors; Qwen3, Qwen2 or Llama).
     #[arg(long)]
     model: PathBuf,
     /// JSONL input, one `{"prompt_token_ids": [...], "response_token_ids": [...]}` per line.

@@ -25,7 +25,7 @@ use super::{progress, Args};
 /// The options of `rlreplay audit` that need `--policy`.
 #[derive(clap::Args)]
 pub struct PolicyArgs {
-    /// Audit the logged behaviour against this policy (a Hugging Face Qwen3 or Qwen2 directory): its
+    /// Audit the logged behaviour against this policy (a Hugging Face Qwen3, Qwen2 or Llama directory): its
     /// log-probs of every logged response, importance weights, ESS, KL and what each rollout
     /// correction would do, per step and over the range.
     #[arg(long, value_name = "MODEL")]
