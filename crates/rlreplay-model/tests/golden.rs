@@ -250,3 +250,105 @@ fn both_decoders_match_transformers() {
         assert!(d < 1e-5, "{name}: candle decoder off by {d:e}");
     }
 }
+
+/// SmolLM2-135M-Instruct converted from its GGUF (`scripts/install-smollm2.sh`) against
+/// transformers' float64 values of the same file (`scripts/golden_smollm2.py`). CI installs the
+/// model; elsewhere the tests are skipped with a note when it is absent.
+mod smollm2 {
+    use super::*;
+    use serde_json::Value;
+
+    /// The installed model directory (`RLREPLAY_SMOLLM2`, else `models/smollm2-135m-instruct`).
+    fn model_dir() -> Option<PathBuf> {
+        let dir = std::env::var_os("RLREPLAY_SMOLLM2").map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/smollm2-135m-instruct"),
+            PathBuf::from,
+        );
+        if dir.join("model.safetensors").is_file() {
+            return Some(dir);
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{}: SmolLM2 is not installed (scripts/install-smollm2.sh)",
+            dir.display()
+        );
+        eprintln!("skipped: {} is not installed", dir.display());
+        None
+    }
+
+    fn reference() -> Value {
+        let path = fixtures().join("smollm2_reference.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn ids(v: &Value) -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    fn floats(v: &Value) -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn logprobs_match_transformers_at_both_temperatures() {
+        let Some(dir) = model_dir() else { return };
+        let model = Model::load(&dir, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(model.config().architecture, Architecture::Llama);
+        let r = reference();
+        let pairs: Vec<(Vec<u32>, Vec<u32>)> = r["logprobs"]["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (ids(&p["prompt"]), ids(&p["response"])))
+            .collect();
+        let seq: Vec<_> = pairs
+            .iter()
+            .map(|(p, q)| rlreplay_model::SeqPair::new(p, q))
+            .collect();
+        for t in floats(&r["logprobs"]["temperatures"]) {
+            let key = format!("{t:.1}");
+            let want: Vec<Vec<f64>> = r["logprobs"]["pairs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| floats(&p["logprobs"][&key]))
+                .collect();
+            let got = model.logprobs(&seq, t, false).unwrap();
+            let d = max_abs_diff(&got.logprobs, &want);
+            eprintln!("temperature {t}: max |Δ log-prob| {d:e}");
+            assert!(d <= 1e-4, "temperature {t}: off by {d:e}");
+        }
+    }
+
+    #[test]
+    fn greedy_decoding_matches_transformers() {
+        let Some(dir) = model_dir() else { return };
+        let model = Model::load(&dir, DType::F32, &Device::Cpu).unwrap();
+        let r = reference();
+        let g = &r["greedy"];
+        let want = ids(&g["tokens"]);
+        let margins = floats(&g["top2_margins"]);
+        let dec = Decoder::new(&model).unwrap();
+        let mut cache = dec.new_cache();
+        let mut feed = ids(&r["chat"]["ids"]);
+        for (step, (&tok, &margin)) in want.iter().zip(&margins).enumerate() {
+            let row = dec.forward_logits(&mut [&mut cache], &[&feed]).unwrap();
+            let best = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap() as u32;
+            if margin > 1e-3 {
+                assert_eq!(best, tok, "step {step} (top-2 margin {margin})");
+            }
+            // Follow the reference, so one near-tie cannot derail the rest.
+            feed = vec![tok];
+        }
+    }
+}

@@ -1,5 +1,6 @@
-//! The Qwen3 chat template rendered with the real tokenizer files: texts and token ids as
-//! Hugging Face `apply_chat_template` produces them.
+//! Real chat templates and tokenizers — Qwen3's tokenizer files, and SmolLM2-135M-Instruct's as
+//! `rlreplay convert` builds them from its GGUF — against what Hugging Face `apply_chat_template`
+//! and the tokenizer produce.
 
 use std::path::PathBuf;
 
@@ -104,4 +105,54 @@ fn polaris_instruction_keeps_double_braces() {
         t.decode(&ids, false).unwrap(),
         t.template.render(&[Message::user(q)], GEN).unwrap()
     );
+}
+
+/// SmolLM2-135M-Instruct converted from its GGUF (`scripts/install-smollm2.sh`; required in CI,
+/// skipped elsewhere when absent), with transformers' reference values of the same GGUF.
+fn smollm2() -> Option<(ChatTokenizer, serde_json::Value)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::env::var_os("RLREPLAY_SMOLLM2")
+        .map_or_else(|| root.join("models/smollm2-135m-instruct"), PathBuf::from);
+    if !dir.join("tokenizer.json").is_file() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{}: SmolLM2 is not installed (scripts/install-smollm2.sh)",
+            dir.display()
+        );
+        eprintln!("skipped: {} is not installed", dir.display());
+        return None;
+    }
+    let reference = root.join("crates/rlreplay-model/tests/fixtures/smollm2_reference.json");
+    let reference = serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
+    Some((ChatTokenizer::from_dir(&dir).unwrap(), reference))
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+#[test]
+fn smollm2_tokenizer_matches_transformers_gguf_tokenizer() {
+    let Some((t, r)) = smollm2() else { return };
+    for case in r["tokenizer"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let got = t.encode_text(text).unwrap();
+        assert_eq!(got, ids(&case["ids"]), "{text:?}");
+        assert_eq!(t.decode(&got, false).unwrap(), case["decoded"], "{text:?}");
+    }
+}
+
+#[test]
+fn smollm2_chat_template_matches_transformers() {
+    let Some((t, r)) = smollm2() else { return };
+    let chat = &r["chat"];
+    let msgs: Vec<Message> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let text = t.template.render(&msgs, GEN).unwrap();
+    assert_eq!(text, chat["text"].as_str().unwrap());
+    assert_eq!(t.encode(&msgs, GEN).unwrap(), ids(&chat["ids"]));
 }
