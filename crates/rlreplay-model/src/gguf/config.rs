@@ -205,7 +205,7 @@ fn rope_scaling(meta: &Meta, p: &str) -> Result<Option<Value>> {
     let linear = |factor: Option<f64>, key: &str| -> Result<Option<Value>> {
         match factor {
             None => Err(meta.err(format!("{key} is missing for linear rope scaling"))),
-            Some(f) if f == 1.0 => Ok(None),
+            Some(1.0) => Ok(None),
             Some(f) if f.is_finite() && f > 0.0 => {
                 Ok(Some(json!({"rope_type": "linear", "factor": f})))
             }

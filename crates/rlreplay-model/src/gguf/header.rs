@@ -250,7 +250,7 @@ impl Scanner {
                     )));
                 }
                 match elem {
-                    8 | 9 | 7 => {
+                    7..=9 => {
                         for _ in 0..len {
                             self.skip_value(elem, depth + 1, key)?;
                         }

@@ -222,11 +222,11 @@ struct Item {
     source: Source,
 }
 
-/// One tensor of a decoder layer: GGUF suffix, Hugging Face suffix, shape, whether a missing one
-/// is written as zeros, and the heads of its row permutation.
-struct LayerTensor {
-    gguf: &'static str,
-    hf: &'static str,
+/// A tensor the model has: GGUF name (or, within a layer, suffix), Hugging Face name (suffix),
+/// shape, whether a missing one is written as zeros, and the heads of its row permutation.
+struct Wanted {
+    gguf: String,
+    hf: String,
     shape: Vec<usize>,
     zero_if_missing: bool,
     unpermute: Option<usize>,
@@ -242,13 +242,13 @@ const ATTN_BIASES: [&str; 4] = [
 
 /// The tensors of one decoder layer. `bias`: whether the attention projections carry biases
 /// (for Qwen2, those of q/k/v always; for the others all four when any is present).
-fn layer_tensors(h: &Hyper, bias: bool) -> Vec<LayerTensor> {
+fn layer_tensors(h: &Hyper, bias: bool) -> Vec<Wanted> {
     let (d, q, kv) = (h.hidden, h.heads * h.head_dim, h.kv_heads * h.head_dim);
     let llama = h.arch == Arch::Llama;
     let perm = |heads: usize| llama.then_some(heads);
-    let t = |gguf, hf, shape: Vec<usize>, unpermute| LayerTensor {
-        gguf,
-        hf,
+    let t = |gguf: &str, hf: &str, shape: Vec<usize>, unpermute| Wanted {
+        gguf: gguf.to_string(),
+        hf: hf.to_string(),
         shape,
         zero_if_missing: false,
         unpermute,
@@ -393,44 +393,47 @@ fn plan(h: &Hyper, tensors: &[TensorEntry], file: &str) -> Result<(Vec<Item>, bo
         }
     }
 
-    let mut wanted: Vec<(String, String, Vec<usize>, bool, Option<usize>)> = vec![
-        (
-            "token_embd.weight".into(),
-            "model.embed_tokens.weight".into(),
+    let whole = |gguf: &str, hf: &str, shape: Vec<usize>| Wanted {
+        gguf: gguf.to_string(),
+        hf: hf.to_string(),
+        shape,
+        zero_if_missing: false,
+        unpermute: None,
+    };
+    let mut wanted = vec![
+        whole(
+            "token_embd.weight",
+            "model.embed_tokens.weight",
             vec![h.vocab, h.hidden],
-            false,
-            None,
         ),
-        (
-            "output_norm.weight".into(),
-            "model.norm.weight".into(),
-            vec![h.hidden],
-            false,
-            None,
-        ),
+        whole("output_norm.weight", "model.norm.weight", vec![h.hidden]),
     ];
     if !tied {
-        wanted.push((
-            "output.weight".into(),
-            "lm_head.weight".into(),
+        wanted.push(whole(
+            "output.weight",
+            "lm_head.weight",
             vec![h.vocab, h.hidden],
-            false,
-            None,
         ));
     }
     for n in 0..h.layers {
         for l in &layer {
-            wanted.push((
-                format!("blk.{n}.{}", l.gguf),
-                format!("model.layers.{n}.{}", l.hf),
-                l.shape.clone(),
-                l.zero_if_missing,
-                l.unpermute,
-            ));
+            wanted.push(Wanted {
+                gguf: format!("blk.{n}.{}", l.gguf),
+                hf: format!("model.layers.{n}.{}", l.hf),
+                shape: l.shape.clone(),
+                ..*l
+            });
         }
     }
     let mut items = Vec::with_capacity(wanted.len());
-    for (gguf, hf, shape, zero_if_missing, unpermute) in wanted {
+    for Wanted {
+        gguf,
+        hf,
+        shape,
+        zero_if_missing,
+        unpermute,
+    } in wanted
+    {
         let source = match by_name.get(gguf.as_str()) {
             None if zero_if_missing => Source::Zeros,
             None => return Err(err(format!("tensor {gguf} ({hf}) is missing"))),
