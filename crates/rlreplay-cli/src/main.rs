@@ -45,6 +45,8 @@ enum Command {
     Train(commands::train::Args),
     /// Serve a policy over HTTP (vLLM completions and SGLang generate protocols).
     Serve(commands::serve::Args),
+    /// Convert a llama.cpp GGUF file (Llama, Qwen2, Qwen3) into a Hugging Face model directory.
+    Convert(commands::convert::Args),
     /// Measurements of scripts/gpu-check.sh (golden log-probs, one step's gradient, throughput).
     #[command(hide = true)]
     DeviceCheck(commands::device_check::Args),
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         Command::Prepare(a) => commands::prepare::run(a),
         Command::Train(a) => commands::train::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Convert(a) => commands::convert::run(a),
         Command::DeviceCheck(a) => commands::device_check::run(a),
     };
     match result {

@@ -44,11 +44,11 @@ impl Default for SaveOptions {
     }
 }
 
-fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+pub(crate) fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Io(format!("{what} {}: {e}", path.display()))
 }
 
-fn dtype_name(dtype: DType) -> Result<&'static str> {
+pub(crate) fn dtype_name(dtype: DType) -> Result<&'static str> {
     Ok(match dtype {
         DType::F32 => "float32",
         DType::F64 => "float64",
@@ -217,38 +217,10 @@ impl Model {
     /// directory. The checkpoint is written into a temporary sibling directory, synced, then
     /// renamed onto `dir` (replacing a previous checkpoint there).
     pub fn save_hf_with(&self, dir: impl AsRef<Path>, opts: &SaveOptions) -> Result<()> {
-        let dir = dir.as_ref();
         let store = opts.dtype.unwrap_or(self.master_dtype());
-        let parent = match dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&parent).map_err(|e| io_err("creating", &parent, e))?;
-        let base = dir
-            .file_name()
-            .ok_or_else(|| Error::Io(format!("{}: not a directory name", dir.display())))?
-            .to_string_lossy()
-            .into_owned();
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let tmp = parent.join(format!(".{base}.tmp-{}-{stamp}", std::process::id()));
-        std::fs::create_dir(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
-        let result = self.write_into(&tmp, store, opts.max_shard_bytes);
-        if let Err(e) = result {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-        sync_path(&tmp)?;
-        if dir.exists() {
-            let old = parent.join(format!(".{base}.old-{}-{stamp}", std::process::id()));
-            std::fs::rename(dir, &old).map_err(|e| io_err("moving aside", dir, e))?;
-            std::fs::rename(&tmp, dir).map_err(|e| io_err("renaming into", dir, e))?;
-            std::fs::remove_dir_all(&old).map_err(|e| io_err("removing", &old, e))?;
-        } else {
-            std::fs::rename(&tmp, dir).map_err(|e| io_err("renaming into", dir, e))?;
-        }
-        sync_path(&parent)
+        write_dir_atomically(dir.as_ref(), true, |tmp| {
+            self.write_into(tmp, store, opts.max_shard_bytes)
+        })
     }
 
     fn write_into(&self, dir: &Path, store: DType, max_shard_bytes: u64) -> Result<()> {
@@ -327,7 +299,56 @@ impl Model {
     }
 }
 
-fn write_safetensors(
+/// Writes the directory `dir` atomically: `fill` writes into a temporary sibling directory, which
+/// is synced and then renamed onto `dir`; on error it is removed and `dir` is left as it was. With
+/// `replace` an existing `dir` is replaced; without, `dir` must be absent or an empty directory.
+pub(crate) fn write_dir_atomically(
+    dir: &Path,
+    replace: bool,
+    fill: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| io_err("creating", &parent, e))?;
+    let base = dir
+        .file_name()
+        .ok_or_else(|| Error::Io(format!("{}: not a directory name", dir.display())))?
+        .to_string_lossy()
+        .into_owned();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let tmp = parent.join(format!(".{base}.tmp-{}-{stamp}", std::process::id()));
+    std::fs::create_dir(&tmp).map_err(|e| io_err("creating", &tmp, e))?;
+    if let Err(e) = fill(&tmp).and_then(|()| sync_path(&tmp)) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.exists() && replace {
+        let old = parent.join(format!(".{base}.old-{}-{stamp}", std::process::id()));
+        std::fs::rename(dir, &old).map_err(|e| io_err("moving aside", dir, e))?;
+        std::fs::rename(&tmp, dir).map_err(|e| io_err("renaming into", dir, e))?;
+        std::fs::remove_dir_all(&old).map_err(|e| io_err("removing", &old, e))?;
+    } else {
+        // Without `replace`, an existing directory is removed only when empty (else an error).
+        let cleared = if dir.exists() {
+            std::fs::remove_dir(dir).map_err(|e| io_err("replacing", dir, e))
+        } else {
+            Ok(())
+        };
+        let moved = cleared
+            .and_then(|()| std::fs::rename(&tmp, dir).map_err(|e| io_err("renaming into", dir, e)));
+        if let Err(e) = moved {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    }
+    sync_path(&parent)
+}
+
+pub(crate) fn write_safetensors(
     path: &Path,
     tensors: &[(String, Tensor)],
     metadata: &Option<HashMap<String, String>>,
@@ -338,7 +359,7 @@ fn write_safetensors(
     sync_path(path)
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
+pub(crate) fn write_json(path: &Path, value: &Value) -> Result<()> {
     let mut f = File::create(path).map_err(|e| io_err("creating", path, e))?;
     let text = serde_json::to_string_pretty(value).expect("JSON values serialise");
     f.write_all(text.as_bytes())

@@ -9,13 +9,13 @@ use serde_json::{Map, Value};
 use crate::{Error, Result};
 
 /// Upper bounds beyond which a configuration is refused as absurd, before anything is allocated.
-const MAX_VOCAB: usize = 1 << 24;
-const MAX_HIDDEN: usize = 1 << 16;
-const MAX_INTERMEDIATE: usize = 1 << 20;
-const MAX_LAYERS: usize = 1024;
-const MAX_HEADS: usize = 1024;
-const MAX_HEAD_DIM: usize = 1024;
-const MAX_POSITIONS: usize = 1 << 24;
+pub(crate) const MAX_VOCAB: usize = 1 << 24;
+pub(crate) const MAX_HIDDEN: usize = 1 << 16;
+pub(crate) const MAX_INTERMEDIATE: usize = 1 << 20;
+pub(crate) const MAX_LAYERS: usize = 1024;
+pub(crate) const MAX_HEADS: usize = 1024;
+pub(crate) const MAX_HEAD_DIM: usize = 1024;
+pub(crate) const MAX_POSITIONS: usize = 1 << 24;
 /// One trillion parameters.
 const MAX_PARAMS: u128 = 1_000_000_000_000;
 

@@ -22,12 +22,15 @@
 //!   available memory before anything is allocated.
 //! - [`AdamW`], [`LrSchedule`]: the optimizer (verl/torch semantics) and learning-rate schedules.
 //! - [`golden`]: the golden fixtures' format (transformers' float64 references).
+//! - [`gguf::convert`]: a llama.cpp GGUF file (Llama, Qwen2, Qwen3) as a Hugging Face model
+//!   directory.
 #![warn(missing_docs)]
 
 mod checkpoint;
 mod config;
 mod device;
 pub mod generate;
+pub mod gguf;
 pub mod golden;
 pub mod layer;
 pub mod llama;

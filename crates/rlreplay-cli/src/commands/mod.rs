@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod compute;
+pub mod convert;
 pub mod device_check;
 pub mod eos;
 pub mod eval;
