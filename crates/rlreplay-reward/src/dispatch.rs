@@ -46,7 +46,14 @@ pub struct RewardOutcome {
 
 /// The `data_source` values graded by the multiple-choice grader by default: SciKnowEval and the
 /// multiple-choice sets `rlreplay prepare` writes.
-pub const MCQ_SOURCES: [&str; 5] = ["sciknoweval", "mmlu", "sciq", "arc_challenge", "openbookqa"];
+pub const MCQ_SOURCES: [&str; 6] = [
+    "sciknoweval",
+    "mmlu",
+    "sciq",
+    "arc_challenge",
+    "arc_easy",
+    "openbookqa",
+];
 
 /// Maps `data_source` values to reward functions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,6 +168,7 @@ mod tests {
         );
         assert_eq!(d.score("mmlu", "C", "<answer>\nC\n</answer>").reward, 1.0);
         assert_eq!(d.kind("openbookqa"), RewardKind::Mcq);
+        assert_eq!(d.kind("arc_easy"), RewardKind::Mcq);
         assert_eq!(d.kind("gsm8k"), RewardKind::Math(Mode::Maxrl));
         assert_eq!(d.score("polaris", "12", "so \\boxed{12}").reward, 1.0);
         assert_eq!(d.score("aime25", "12", "so \\boxed{13}").reward, 0.0);

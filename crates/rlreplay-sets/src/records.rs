@@ -46,6 +46,21 @@ pub enum Record {
     },
 }
 
+impl Record {
+    /// The source's id of the problem (or its row index).
+    pub fn id(&self) -> &str {
+        match self {
+            Record::Math { id, .. } | Record::Mcq { id, .. } => id,
+        }
+    }
+
+    pub(crate) fn id_mut(&mut self) -> &mut String {
+        match self {
+            Record::Math { id, .. } | Record::Mcq { id, .. } => id,
+        }
+    }
+}
+
 /// The content of the last `\boxed{…}` of `text`, braces matched.
 pub fn last_boxed(text: &str) -> Option<&str> {
     let start = text.rfind("\\boxed{")? + "\\boxed{".len();
@@ -65,8 +80,9 @@ pub fn last_boxed(text: &str) -> Option<&str> {
     None
 }
 
-/// FNV-1a of `s`: a fixed position for SciQ's correct option among its distractors.
-fn fnv1a(s: &str) -> u64 {
+/// FNV-1a (64 bits) of `s`: a fixed position for SciQ's correct option among its distractors,
+/// and the start of the hash that splits a set into parts.
+pub(crate) fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -303,8 +319,8 @@ pub(crate) fn batches_to_json(
         .collect()
 }
 
-/// Reads the set's records from a local snapshot of its hub repository.
-pub(crate) fn read_hub_snapshot(set: Set, dir: &Path) -> Result<Vec<Record>> {
+/// Reads one split of the set's records from a local snapshot of its hub repository.
+pub(crate) fn read_hub_snapshot(set: Set, split: &str, dir: &Path) -> Result<Vec<Record>> {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -315,7 +331,7 @@ pub(crate) fn read_hub_snapshot(set: Set, dir: &Path) -> Result<Vec<Record>> {
                 stack.push(p);
             } else if let Ok(rel) = p.strip_prefix(dir) {
                 let rel = rel.to_string_lossy().replace('\\', "/");
-                if set.hub_file_wanted(&rel) {
+                if set.hub_file_in(split, &rel) {
                     files.push((rel, p));
                 }
             }
@@ -332,7 +348,7 @@ pub(crate) fn read_hub_snapshot(set: Set, dir: &Path) -> Result<Vec<Record>> {
             format!(
                 "no file of {} {} (a snapshot of hf://datasets/{})",
                 set.name(),
-                set.split(),
+                split,
                 set.hub_repo()
             ),
         ));
@@ -370,7 +386,7 @@ pub(crate) fn read_hub_snapshot(set: Set, dir: &Path) -> Result<Vec<Record>> {
                 Set::Math => math(&f, id, subject.clone())?,
                 Set::Mmlu => mmlu(&f, id)?,
                 Set::Sciq => sciq(&f, id)?,
-                Set::ArcChallenge => labelled(&f, "question")?,
+                Set::ArcChallenge | Set::ArcEasy => labelled(&f, "question")?,
                 Set::Openbookqa => labelled(&f, "question_stem")?,
             });
         }

@@ -31,7 +31,8 @@ pub struct VerlRow {
     pub style: String,
     /// `reward_model.ground_truth`: the gold answer (a letter for multiple choice).
     pub ground_truth: String,
-    /// `extra_info.split`.
+    /// `extra_info.split`: the evaluation split's name (`test`, SciQ's `validation`), or the
+    /// part, `train` or `heldout`.
     pub split: String,
     /// `extra_info.index`: the row's position.
     pub index: i64,
@@ -67,8 +68,8 @@ fn mcq_system_prompt(options: usize) -> String {
         .replace("(A, B, C, or D)", &format!("({list})"))
 }
 
-/// The prompt-set rows of `records` (of `set`), in order.
-pub fn verl_rows(set: Set, records: &[Record]) -> Vec<VerlRow> {
+/// The prompt-set rows of `records` (of `set`), in order, each with `extra_info.split` = `split`.
+pub fn verl_rows(set: Set, split: &str, records: &[Record]) -> Vec<VerlRow> {
     records
         .iter()
         .enumerate()
@@ -87,7 +88,7 @@ pub fn verl_rows(set: Set, records: &[Record]) -> Vec<VerlRow> {
                 }
                 .to_string(),
                 ground_truth,
-                split: set.split().to_string(),
+                split: split.to_string(),
                 index: index as i64,
                 id: id.to_string(),
                 subject: subject.to_string(),

