@@ -21,8 +21,9 @@ const MAX_TENSORS: u64 = 1 << 16;
 const MAX_KVS: u64 = 1 << 16;
 /// Longest metadata key or tensor name, in bytes.
 const MAX_NAME: u64 = 1 << 16;
-/// Most array elements over all metadata (each becomes a 32-byte value in candle's reader).
-const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
+/// Most array elements over all metadata (each becomes a 32-byte value in candle's reader, so at
+/// most 128 MiB of them; the largest vocabularies, with scores, types and merges, take about 1 M).
+const MAX_ARRAY_ELEMENTS: u64 = 1 << 22;
 /// Deepest nesting of arrays in arrays.
 const MAX_DEPTH: usize = 4;
 /// Most dimensions of a tensor.

@@ -462,7 +462,7 @@ fn plan(h: &Hyper, tensors: &[TensorEntry], file: &str) -> Result<(Vec<Item>, bo
 pub(crate) fn unpermute_rows(t: &Tensor, heads: usize) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let rows = dims.first().copied().unwrap_or(0);
-    if heads == 0 || !rows.is_multiple_of(2 * heads) {
+    if rows == 0 || heads == 0 || !rows.is_multiple_of(2 * heads) {
         return Err(Error::Checkpoint(format!(
             "cannot undo the row permutation of a {dims:?} tensor over {heads} heads"
         )));

@@ -15,7 +15,8 @@
 //!   loader skip the `NFC`; it only changes text that is not already NFC).
 //! - `llama-bpe`, `llama3`, `llama-v3`: Llama 3's split regex, then `ByteLevel` without its regex.
 //! - `gpt2`, `gpt-2`: `ByteLevel` with the GPT-2 regex.
-//! - `default` (or no `tokenizer.ggml.pre`): llama.cpp's default, four regexes applied in turn.
+//! - `default` (or no `tokenizer.ggml.pre`): llama.cpp's default, four regexes applied in turn
+//!   (transformers' loader uses `ByteLevel` alone here, as for `gpt2`).
 //!
 //! Tokens of type 3 (control) become special added tokens, of type 4 (user-defined) plain added
 //! tokens, both matched whole in the text. Like transformers' loader, an ordinary token that is
