@@ -116,7 +116,7 @@ fn device_check_measures_on_the_cpu() {
         "cpu",
     ]));
     assert_eq!(golden["meets_goal"], true, "{golden}");
-    assert_eq!(golden["fixtures"].as_object().unwrap().len(), 4);
+    assert_eq!(golden["fixtures"].as_object().unwrap().len(), 6);
     let f32_err = golden["logprob_max_abs_err"]["f32"].as_f64().unwrap();
     assert!(f32_err < 1e-4, "{golden}");
 
