@@ -470,14 +470,68 @@ impl RunDir {
     }
 }
 
-/// Files of a Hugging Face model directory copied to the run root for the best policy.
-const HF_FILES: [&str; 5] = [
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-];
+/// Whether a file of a checkpoint or of the run root belongs to the policy's Hugging Face
+/// directory: `config.json`, the weights (`model.safetensors`, or shards and their index) and the
+/// tokenizer and generation files; not the optimizer state nor the trainer state.
+pub fn is_policy_file(name: &str) -> bool {
+    !name.starts_with("optimizer")
+        && (name == "config.json"
+            || name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json"
+            || rlreplay_model::TOKENIZER_FILES.contains(&name))
+}
+
+/// The names of the regular files of `dir` that `keep` accepts, sorted.
+pub(crate) fn file_names(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).at("cannot list", dir)? {
+        let entry = entry.at("cannot list", dir)?;
+        if entry.file_type().at("cannot list", dir)?.is_file() {
+            if let Some(name) = entry.file_name().to_str().filter(|n| keep(n)) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Renames directory `new` onto `dest` and syncs their parent: a directory already at `dest`
+/// is first renamed to `aside` (in the same parent), then removed once `new` has taken its
+/// place (and put back when `new` cannot).
+pub(crate) fn replace_dir(new: &Path, dest: &Path, aside: &Path) -> Result<()> {
+    if dest.exists() {
+        fs::rename(dest, aside).at("cannot rename into", aside)?;
+        if let Err(e) = fs::rename(new, dest) {
+            // Put the previous directory back.
+            let _ = fs::rename(aside, dest);
+            return Err(Error::io("cannot rename into", dest)(e));
+        }
+        fs::remove_dir_all(aside).at("cannot remove", aside)?;
+    } else {
+        fs::rename(new, dest).at("cannot rename into", dest)?;
+    }
+    sync_dir(dest.parent().unwrap_or(Path::new(".")))
+}
+
+/// Hard-links the regular files of `from` that `keep` accepts into `to` (created when missing),
+/// copying those that cannot be linked (another file system); returns their names. For files
+/// that are replaced by a rename, never rewritten in place, as checkpoints and policies are.
+pub(crate) fn link_files(
+    from: &Path,
+    to: &Path,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    fs::create_dir_all(to).at("cannot create", to)?;
+    let names = file_names(from, keep)?;
+    for name in &names {
+        let (src, dst) = (from.join(name), to.join(name));
+        if fs::hard_link(&src, &dst).is_err() {
+            fs::copy(&src, &dst).at("cannot copy into", &dst)?;
+        }
+    }
+    Ok(names)
+}
 
 /// The best policy saved at a validation, promoted to the run root once a checkpoint at or after
 /// its step exists.
@@ -528,41 +582,17 @@ impl RunDir {
         if tmp.exists() {
             fs::remove_dir_all(&tmp).at("cannot remove", &tmp)?;
         }
-        fs::create_dir_all(&tmp).at("cannot create", &tmp)?;
-        for entry in fs::read_dir(ckpt).at("cannot list", ckpt)? {
-            let entry = entry.at("cannot list", ckpt)?;
-            if entry.file_type().at("cannot list", ckpt)?.is_file() {
-                let name = entry.file_name();
-                if name == TRAINER_STATE || name.to_string_lossy().starts_with("optimizer") {
-                    continue;
-                }
-                let to = tmp.join(&name);
-                if fs::hard_link(entry.path(), &to).is_err() {
-                    fs::copy(entry.path(), &to).at("cannot copy into", &to)?;
-                }
-            }
-        }
+        link_files(ckpt, &tmp, is_policy_file)?;
         sync_dir(&tmp)?;
-        let last = ckpts.join("last");
-        if last.exists() {
-            let old = ckpts.join(format!(".last-old-{}", std::process::id()));
-            fs::rename(&last, &old).at("cannot rename into", &old)?;
-            fs::rename(&tmp, &last).at("cannot rename into", &last)?;
-            fs::remove_dir_all(&old).at("cannot remove", &old)?;
-        } else {
-            fs::rename(&tmp, &last).at("cannot rename into", &last)?;
-        }
-        sync_dir(&ckpts)?;
+        let old = ckpts.join(format!(".last-old-{}", std::process::id()));
+        replace_dir(&tmp, &ckpts.join("last"), &old)?;
         let cand = self.best_candidate();
         if cand.join("step.txt").is_file() {
-            for f in HF_FILES {
-                let src = cand.join(f);
-                if src.is_file() {
-                    let dst = self.root.join(f);
-                    let tmp = dst.with_extension("tmp-best");
-                    fs::copy(&src, &tmp).at("cannot copy into", &tmp)?;
-                    fs::rename(&tmp, &dst).at("cannot rename into", &dst)?;
-                }
+            for name in file_names(&cand, is_policy_file)? {
+                let (src, dst) = (cand.join(&name), self.root.join(&name));
+                let tmp = self.root.join(format!(".{name}.tmp-best"));
+                fs::copy(&src, &tmp).at("cannot copy into", &tmp)?;
+                fs::rename(&tmp, &dst).at("cannot rename into", &dst)?;
             }
             if let Some((s, m)) = best {
                 write_atomic(
@@ -824,6 +854,56 @@ mod tests {
         rd.plot().unwrap();
         assert!(tmp.path().join("plots/training_score.png").is_file());
         assert!(tmp.path().join("plots/training_score.svg").is_file());
+    }
+
+    /// Every file of a policy reaches `checkpoints/last` and, for the best policy, the run root:
+    /// shards and their index, chat template; neither the optimizer nor the trainer state.
+    #[test]
+    fn published_policies_keep_every_policy_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = RunDir::open(tmp.path(), 0, &[Logger::Jsonl]).unwrap();
+        let policy = [
+            "config.json",
+            "generation_config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "tokenizer.json",
+            "chat_template.jinja",
+        ];
+        let fill = |d: &Path| {
+            for f in policy {
+                fs::write(d.join(f), f).unwrap();
+            }
+        };
+        let ckpt = rd
+            .save_checkpoint(2, 1, |d| {
+                fill(d);
+                fs::write(d.join("optimizer.safetensors"), "adam").unwrap();
+                state(d)
+            })
+            .unwrap();
+        let cand = rd.best_candidate();
+        fs::create_dir_all(&cand).unwrap();
+        fill(&cand);
+        fs::write(cand.join("step.txt"), "2\n").unwrap();
+        rd.publish_policy(&ckpt, Some((2, 0.5))).unwrap();
+        let last = rd.checkpoints().join("last");
+        for f in policy {
+            assert_eq!(fs::read_to_string(last.join(f)).unwrap(), f);
+            assert_eq!(fs::read_to_string(tmp.path().join(f)).unwrap(), f);
+        }
+        for f in ["optimizer.safetensors", TRAINER_STATE] {
+            assert!(
+                !last.join(f).exists() && !tmp.path().join(f).exists(),
+                "{f}"
+            );
+        }
+        assert!(!cand.exists() && !tmp.path().join("step.txt").exists());
+        assert_eq!(
+            fs::read_to_string(tmp.path().join("best_step.txt")).unwrap(),
+            "2 0.500000000000\n"
+        );
     }
 
     #[test]
