@@ -94,6 +94,26 @@ pub fn read_metrics(run_dir: &Path, timing: bool) -> Result<Vec<serde_json::Valu
         .collect()
 }
 
+/// The columns of a `training_scores.csv` file (the run's or its published copy).
+pub fn read_score_history(path: &Path) -> Result<ScoreHistory> {
+    let text = fs::read_to_string(path).map_err(Error::io("reading", path))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let mut out = ScoreHistory::new();
+    for line in lines {
+        let mut cells = line.split(',');
+        let Some(step) = cells.next().and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        for (name, cell) in header.iter().skip(1).zip(cells) {
+            if let Ok(v) = cell.parse::<f64>() {
+                out.entry((*name).to_string()).or_default().push((step, v));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Writes a file atomically: temporary file in the same directory, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -118,13 +138,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+/// Syncs a directory's entries (after a rename into it).
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(Error::io("cannot sync directory", dir))
 }
 
-fn sync_tree(dir: &Path) -> Result<()> {
+/// Syncs every file and directory under `dir`, then `dir` itself.
+pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
     for entry in fs::read_dir(dir).at("cannot list", dir)? {
         let entry = entry.at("cannot list", dir)?;
         let path = entry.path();
@@ -179,20 +201,9 @@ impl RunLock {
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => {}
             Err(fs4::TryLockError::WouldBlock) => {
-                // The holder writes its pid right after taking the lock.
-                let mut holder = None;
-                for _ in 0..20 {
-                    holder = fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u32>().ok());
-                    if holder.is_some() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
                 return Err(Error::Locked {
                     dir: dir.to_owned(),
-                    holder: holder.map_or("pid unknown".to_string(), |p| format!("pid {p}")),
+                    holder: lock_holder(&path),
                 });
             }
             Err(fs4::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &path)(e)),
@@ -202,6 +213,38 @@ impl RunLock {
             .and_then(|()| file.sync_all())
             .at("cannot write", &path)?;
         Ok(Self { _file: file })
+    }
+}
+
+/// `pid N` of the process holding the lock file `path`, or `pid unknown`.
+fn lock_holder(path: &Path) -> String {
+    // The holder writes its pid right after taking the lock.
+    for _ in 0..20 {
+        if let Some(pid) = fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            return format!("pid {pid}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    "pid unknown".to_string()
+}
+
+/// Whether a process holds the lock of run directory `dir` (a trainer writing it): its
+/// `pid N` (or `pid unknown`) when one does. Reads only: the lock file is neither created nor
+/// written, and the lock is released before returning.
+pub fn run_in_use(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join(LOCK);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot open the run directory's lock", &path)(e)),
+    };
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(None),
+        Err(fs4::TryLockError::WouldBlock) => Ok(Some(lock_holder(&path))),
+        Err(fs4::TryLockError::Error(e)) => Err(Error::io("cannot lock", &path)(e)),
     }
 }
 
@@ -389,23 +432,7 @@ impl RunDir {
 
     /// Reads back the columns of `training_scores.csv`, for the plots.
     pub fn score_history(&self) -> Result<ScoreHistory> {
-        let path = self.root.join("training_scores.csv");
-        let text = fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-        let mut out = ScoreHistory::new();
-        for line in lines {
-            let mut cells = line.split(',');
-            let Some(step) = cells.next().and_then(|s| s.parse::<u64>().ok()) else {
-                continue;
-            };
-            for (name, cell) in header.iter().skip(1).zip(cells) {
-                if let Ok(v) = cell.parse::<f64>() {
-                    out.entry((*name).to_string()).or_default().push((step, v));
-                }
-            }
-        }
-        Ok(out)
+        read_score_history(&self.root.join("training_scores.csv"))
     }
 
     /// Redraws `plots/training_score.{png,svg}` from `training_scores.csv`.
@@ -650,13 +677,6 @@ impl RunDir {
             .filter_map(|o| o.split_once('=').map(|(k, _)| k.trim()))
             .collect();
         let mut rows = vec!["Section,Parameter,Value,Source".to_string()];
-        let quote = |s: &str| {
-            if s.contains([',', '"', '\n']) {
-                format!("\"{}\"", s.replace('"', "\"\""))
-            } else {
-                s.to_string()
-            }
-        };
         fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
             for (k, v) in t {
                 let key = if prefix.is_empty() {
@@ -695,9 +715,9 @@ impl RunDir {
                 };
                 rows.push(format!(
                     "{},{},{},{source}",
-                    quote(section),
-                    quote(&key),
-                    quote(&value)
+                    csv_field(section),
+                    csv_field(&key),
+                    csv_field(&value)
                 ));
             }
         }
@@ -709,6 +729,47 @@ impl RunDir {
             rows.join("\n").as_bytes(),
         )
     }
+}
+
+/// One CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The records of CSV text written with [`csv_field`] (quoted fields may hold commas, quotes and
+/// line breaks); blank lines are skipped.
+pub fn csv_records(text: &str) -> Vec<Vec<String>> {
+    let mut records = Vec::new();
+    let mut record = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars().peekable();
+    let mut end_record = |record: &mut Vec<String>, field: &mut String| {
+        record.push(std::mem::take(field));
+        let done = std::mem::take(record);
+        if done.len() > 1 || !done[0].is_empty() {
+            records.push(done);
+        }
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => record.push(std::mem::take(&mut field)),
+            '\r' if !quoted && chars.peek() == Some(&'\n') => {}
+            '\n' if !quoted => end_record(&mut record, &mut field),
+            c => field.push(c),
+        }
+    }
+    end_record(&mut record, &mut field);
+    records
 }
 
 /// A configuration as JSON, for the comparison of a resumed run's.
@@ -763,6 +824,13 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
             }
         }
     }
+    newest_checkpoint(run_dir)
+}
+
+/// The newest complete checkpoint of a run, as [`latest_checkpoint`] finds it, without
+/// touching the run directory (leftovers of an interrupted save stay).
+pub fn newest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+    let ckpts = run_dir.join("checkpoints");
     let complete = complete_checkpoints(&ckpts)?;
     let pointed = fs::read_to_string(ckpts.join(LATEST))
         .ok()

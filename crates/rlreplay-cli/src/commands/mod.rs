@@ -5,6 +5,7 @@ pub mod compute;
 pub mod device_check;
 pub mod eos;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod logprobs;
 pub mod prepare;
