@@ -43,6 +43,8 @@ enum Command {
     Prepare(commands::prepare::Args),
     /// Online RL: generate, score and update a policy (GRPO, RLSD_TR, ...) on a prompt set.
     Train(commands::train::Args),
+    /// Write a run directory as a model card: best and last policies, results, artifacts, README.
+    Export(commands::export::Args),
     /// Serve a policy over HTTP (vLLM completions and SGLang generate protocols).
     Serve(commands::serve::Args),
     /// Convert a llama.cpp GGUF file (Llama, Qwen2, Qwen3) into a Hugging Face model directory.
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => commands::eval::run(a),
         Command::Prepare(a) => commands::prepare::run(a),
         Command::Train(a) => commands::train::run(a),
+        Command::Export(a) => commands::export::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::DeviceCheck(a) => commands::device_check::run(a),

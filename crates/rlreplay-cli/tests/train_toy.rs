@@ -245,3 +245,309 @@ fn zero_steps_are_refused_before_anything_is_written() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--stop-after"));
     assert!(!run.exists());
 }
+
+/// The files of a card directory, relative to it, sorted.
+fn card_files(dir: &Path) -> Vec<String> {
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            if entry.file_type().unwrap().is_dir() {
+                walk(&entry.path(), &format!("{name}/"), out);
+            } else {
+                out.push(name);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, "", &mut out);
+    out.sort();
+    out
+}
+
+/// The YAML front matter of a model card: the text between the two `---` lines.
+fn front_matter(readme: &str) -> &str {
+    let body = readme.strip_prefix("---\n").expect("front matter opens");
+    &body[..body.find("\n---\n").expect("front matter closes")]
+}
+
+/// `rlreplay export` of a two-step toy run: the card's layout, loadable policies, the
+/// model-index, the checkpoint choices, and the refusals (existing card, missing pieces), none
+/// of which leaves anything behind.
+#[test]
+fn export_writes_the_model_card_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_s = run.display().to_string();
+    let config = preset();
+    let mut args = vec!["train", "--config", &config, "--out", &run_s];
+    args.extend([
+        "--set",
+        "trainer.total_training_steps=2",
+        "--set",
+        "trainer.save_freq=1",
+        "--set",
+        "trainer.keep=0",
+        "--set",
+        "validation.test_freq=1",
+        "--set",
+        "toy.warmup_steps=2",
+        "--set",
+        "batch.train_batch_size=4",
+        "--set",
+        "toy.val_prompts=5",
+    ]);
+    let o = rlreplay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let card = dir.path().join("Qwen3-toy-GRPO");
+    let card_s = card.display().to_string();
+    let o = rlreplay(&["export", &run_s, "--out", &card_s, "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["root"], "best");
+    assert_eq!(report["last_step"], 2);
+    assert!(report["note"].is_null());
+
+    let files = card_files(&card);
+    for f in [
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "checkpoints/last/config.json",
+        "checkpoints/last/model.safetensors",
+        "checkpoints/last/tokenizer.json",
+        "results/validation_mean8.csv",
+        "results/training_scores.csv",
+        "results/hyperparameters.csv",
+        "results/export_note.csv",
+        "results/training_score.png",
+        "results/training_score.svg",
+        "artifacts/config.toml",
+        "artifacts/metrics.jsonl",
+        "artifacts/run.log",
+        "artifacts/trainer_state.json",
+        "artifacts/best_step.txt",
+        "artifacts/latest_checkpointed_iteration.txt",
+    ] {
+        assert!(files.iter().any(|x| x == f), "missing {f} in {files:?}");
+    }
+    // Neither optimizer nor trainer state among the policies, no temporary directory left.
+    assert!(!files.iter().any(|f| f.contains("optimizer")), "{files:?}");
+    assert!(!card.join("checkpoints/last/trainer_state.json").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    for f in [
+        "results/validation_mean8.csv",
+        "results/hyperparameters.csv",
+    ] {
+        assert_eq!(
+            std::fs::read(card.join(f)).unwrap(),
+            std::fs::read(run.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+
+    // Both policies load.
+    let cpu = candle_core::Device::Cpu;
+    for d in [card.clone(), card.join("checkpoints/last")] {
+        rlreplay_model::Model::load(&d, candle_core::DType::F32, &cpu)
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    }
+    // The root holds the best policy (the run root's), the last one the final checkpoint's.
+    let best: Vec<String> = std::fs::read_to_string(run.join("best_step.txt"))
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(report["root_step"].as_u64().unwrap().to_string(), best[0]);
+    assert_eq!(
+        std::fs::read(card.join("model.safetensors")).unwrap(),
+        std::fs::read(run.join("model.safetensors")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(card.join("checkpoints/last/model.safetensors")).unwrap(),
+        std::fs::read(run.join("checkpoints/global_step_2/model.safetensors")).unwrap()
+    );
+
+    // The model-index holds the best validation, as the CSV writes it.
+    let val = std::fs::read_to_string(card.join("results/validation_mean8.csv")).unwrap();
+    let best_row: Vec<&str> = val
+        .lines()
+        .find(|l| l.split(',').next() == Some(best[0].as_str()))
+        .unwrap()
+        .split(',')
+        .collect();
+    let readme = std::fs::read_to_string(card.join("README.md")).unwrap();
+    let front = front_matter(&readme);
+    for key in [
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags:",
+        "model-index:",
+        "- name: \"Qwen3-toy-GRPO\"",
+        "type: \"mean@8\"",
+        "name: \"toy\"",
+    ] {
+        assert!(front.contains(key), "{key} not in\n{front}");
+    }
+    let value = front
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("value: "))
+        .unwrap();
+    assert_eq!(value, best_row[1], "{front}");
+    assert_eq!(
+        value.parse::<f64>().unwrap(),
+        best[1].parse::<f64>().unwrap()
+    );
+    for section in [
+        "# Qwen3-toy-GRPO",
+        "## Performance",
+        "## Validation Mean@8",
+        "## Training Recipe",
+        "## Detailed Training Hyperparameters",
+        "## Raw result and artifact files",
+        "## Usage",
+        "## Source",
+        "| Section | Parameter | Value | Source |",
+        "| trainer | total_training_steps | 2 | override |",
+        "- `results/export_note.csv`",
+        "grpo (ppo loss)",
+    ] {
+        assert!(readme.contains(section), "{section} not in\n{readme}");
+    }
+    for row in val.lines().skip(1) {
+        let c: Vec<&str> = row.split(',').collect();
+        let line = format!("| {} | {} | {} |", c[0], c[1], c[2]);
+        assert!(readme.contains(&line), "{line} not in\n{readme}");
+    }
+    let note = std::fs::read_to_string(card.join("results/export_note.csv")).unwrap();
+    assert!(note.starts_with("field,value\n"), "{note}");
+    for row in [
+        "exported_checkpoint,best".to_string(),
+        format!("best_step,{}", best[0]),
+        format!("best_val_mean8,{}", best_row[1]),
+        "final_step,2".to_string(),
+        format!("rlreplay_version,{}", env!("CARGO_PKG_VERSION")),
+    ] {
+        assert!(note.lines().any(|l| l == row), "{row} not in\n{note}");
+    }
+
+    // An existing non-empty card directory is refused, and left as it was.
+    let o = rlreplay(&["export", &run_s, "--out", &card_s, "--checkpoint", "last"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not empty") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(card_files(&card), files);
+
+    // --force replaces it; --checkpoint last puts the final policy at the root.
+    let o = rlreplay(&[
+        "export",
+        &run_s,
+        "--out",
+        &card_s,
+        "--checkpoint",
+        "last",
+        "--force",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("root policy:  last (step 2"), "{stdout}");
+    assert_eq!(
+        std::fs::read(card.join("model.safetensors")).unwrap(),
+        std::fs::read(card.join("checkpoints/last/model.safetensors")).unwrap()
+    );
+    let readme = std::fs::read_to_string(card.join("README.md")).unwrap();
+    assert!(readme.contains("`--checkpoint last`"), "{readme}");
+    let final_row = val.lines().last().unwrap().split(',').nth(1).unwrap();
+    assert!(
+        front_matter(&readme).contains(&format!("value: {final_row}")),
+        "{readme}"
+    );
+
+    // A checkpoint of another step, and one the run does not have.
+    let other = dir.path().join("step1");
+    let other_s = other.display().to_string();
+    let o = rlreplay(&[
+        "export",
+        &run_s,
+        "--out",
+        &other_s,
+        "--checkpoint",
+        "global_step_1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read(other.join("model.safetensors")).unwrap(),
+        std::fs::read(run.join("checkpoints/global_step_1/model.safetensors")).unwrap()
+    );
+    let missing = dir.path().join("step7");
+    let missing_s = missing.display().to_string();
+    let o = rlreplay(&[
+        "export",
+        &run_s,
+        "--out",
+        &missing_s,
+        "--checkpoint",
+        "global_step_7",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("global_step_7") && err.contains("global_step_1, global_step_2"),
+        "{err}"
+    );
+    assert!(!missing.exists());
+
+    // A run that never validated: the root holds the last policy, and the card says so.
+    std::fs::remove_file(run.join("best_step.txt")).unwrap();
+    std::fs::remove_file(run.join("results/validation_mean8.csv")).unwrap();
+    let plain = dir.path().join("plain");
+    let plain_s = plain.display().to_string();
+    let o = rlreplay(&["export", &run_s, "--out", &plain_s]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("never validated"));
+    let readme = std::fs::read_to_string(plain.join("README.md")).unwrap();
+    assert!(readme.contains("The run never validated"), "{readme}");
+    assert!(!front_matter(&readme).contains("model-index"), "{readme}");
+    assert!(!plain.join("results/validation_mean8.csv").exists());
+
+    // Missing pieces are named, and nothing is written.
+    let empty = dir.path().join("nothing");
+    let empty_s = empty.display().to_string();
+    std::fs::rename(
+        run.join("results/hyperparameters.csv"),
+        dir.path().join("hp.csv"),
+    )
+    .unwrap();
+    let o = rlreplay(&["export", &run_s, "--out", &empty_s]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("results/hyperparameters.csv is missing"),
+        "{err}"
+    );
+    assert!(!empty.exists());
+    std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    let o = rlreplay(&["export", &run_s, "--out", &empty_s]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no complete checkpoint"), "{err}");
+    assert!(!empty.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -122,6 +122,70 @@ pub enum Error {
         /// `pid N`, or `pid unknown`.
         holder: String,
     },
+    /// A file or directory an export needs that the run directory lacks.
+    #[error("{} is missing: {why}", path.display())]
+    MissingRunFile {
+        /// The missing file or directory.
+        path: PathBuf,
+        /// What it is and what its absence means.
+        why: String,
+    },
+    /// A file of a run directory that cannot be used.
+    #[error("{}: {why}", path.display())]
+    BadRunFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A run directory without a complete checkpoint: it holds no policy to export.
+    #[error(
+        "{}: no complete checkpoint (no global_step_N/{}): the run stopped before its first \
+         checkpoint, so there is no policy to export",
+        dir.display(),
+        crate::rundir::TRAINER_STATE
+    )]
+    NoCheckpoint {
+        /// The run's checkpoints directory.
+        dir: PathBuf,
+    },
+    /// A checkpoint asked for that the run does not keep.
+    #[error(
+        "{}: no complete checkpoint global_step_{step} (complete checkpoints: {})",
+        dir.display(),
+        available.iter().map(|s| format!("global_step_{s}")).collect::<Vec<_>>().join(", ")
+    )]
+    CheckpointNotFound {
+        /// The run's checkpoints directory.
+        dir: PathBuf,
+        /// The step asked for.
+        step: u64,
+        /// The steps of the complete checkpoints.
+        available: Vec<u64>,
+    },
+    /// A checkpoint choice that is none of `best`, `last`, `global_step_N`.
+    #[error("checkpoint {0:?}: expected best, last or global_step_N")]
+    CheckpointChoice(String),
+    /// An export destination that is refused.
+    #[error("{}: {why}", dir.display())]
+    CardDir {
+        /// The destination.
+        dir: PathBuf,
+        /// Why it is refused.
+        why: String,
+    },
+    /// A run directory a trainer is writing.
+    #[error(
+        "{} is being written by another rlreplay process ({holder}): export it once the run has \
+         finished or stopped",
+        dir.display()
+    )]
+    RunInUse {
+        /// The run directory.
+        dir: PathBuf,
+        /// `pid N`, or `pid unknown`.
+        holder: String,
+    },
     /// `--resume` with a configuration that differs from the run's.
     #[error(
         "--resume: the configuration differs from the run's {}: {} (only {may_change} may change)",

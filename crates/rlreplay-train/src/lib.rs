@@ -14,13 +14,15 @@
 //! - [`teacher`]: the trust-region and EMA teachers and their log-probs.
 //! - [`schedule`]: plans and row selection over a logged dataset's steps.
 //! - [`prompts`], [`validate`]: prompt sets and validation mean@k.
-//! - [`rundir`]: the run directory; [`toy`]: the toy arithmetic task for CPU demos and tests.
+//! - [`rundir`]: the run directory; [`export`]: a run directory as the published model card's
+//!   layout; [`toy`]: the toy arithmetic task for CPU demos and tests.
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod context;
 pub mod dist;
 pub mod error;
+pub mod export;
 pub mod plot;
 pub mod prompts;
 pub mod rundir;

@@ -94,6 +94,26 @@ pub fn read_metrics(run_dir: &Path, timing: bool) -> Result<Vec<serde_json::Valu
         .collect()
 }
 
+/// The columns of a `training_scores.csv` file (the run's or its published copy).
+pub fn read_score_history(path: &Path) -> Result<ScoreHistory> {
+    let text = fs::read_to_string(path).map_err(Error::io("reading", path))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let mut out = ScoreHistory::new();
+    for line in lines {
+        let mut cells = line.split(',');
+        let Some(step) = cells.next().and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        for (name, cell) in header.iter().skip(1).zip(cells) {
+            if let Ok(v) = cell.parse::<f64>() {
+                out.entry((*name).to_string()).or_default().push((step, v));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Writes a file atomically: temporary file in the same directory, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -118,13 +138,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+/// Syncs a directory's entries (after a rename into it).
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(Error::io("cannot sync directory", dir))
 }
 
-fn sync_tree(dir: &Path) -> Result<()> {
+/// Syncs every file and directory under `dir`, then `dir` itself.
+pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
     for entry in fs::read_dir(dir).at("cannot list", dir)? {
         let entry = entry.at("cannot list", dir)?;
         let path = entry.path();
@@ -179,20 +201,9 @@ impl RunLock {
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => {}
             Err(fs4::TryLockError::WouldBlock) => {
-                // The holder writes its pid right after taking the lock.
-                let mut holder = None;
-                for _ in 0..20 {
-                    holder = fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u32>().ok());
-                    if holder.is_some() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
                 return Err(Error::Locked {
                     dir: dir.to_owned(),
-                    holder: holder.map_or("pid unknown".to_string(), |p| format!("pid {p}")),
+                    holder: lock_holder(&path),
                 });
             }
             Err(fs4::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &path)(e)),
@@ -202,6 +213,38 @@ impl RunLock {
             .and_then(|()| file.sync_all())
             .at("cannot write", &path)?;
         Ok(Self { _file: file })
+    }
+}
+
+/// `pid N` of the process holding the lock file `path`, or `pid unknown`.
+fn lock_holder(path: &Path) -> String {
+    // The holder writes its pid right after taking the lock.
+    for _ in 0..20 {
+        if let Some(pid) = fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            return format!("pid {pid}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    "pid unknown".to_string()
+}
+
+/// Whether a process holds the lock of run directory `dir` (a trainer writing it): its
+/// `pid N` (or `pid unknown`) when one does. Reads only: the lock file is neither created nor
+/// written, and the lock is released before returning.
+pub fn run_in_use(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join(LOCK);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot open the run directory's lock", &path)(e)),
+    };
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(None),
+        Err(fs4::TryLockError::WouldBlock) => Ok(Some(lock_holder(&path))),
+        Err(fs4::TryLockError::Error(e)) => Err(Error::io("cannot lock", &path)(e)),
     }
 }
 
@@ -389,23 +432,7 @@ impl RunDir {
 
     /// Reads back the columns of `training_scores.csv`, for the plots.
     pub fn score_history(&self) -> Result<ScoreHistory> {
-        let path = self.root.join("training_scores.csv");
-        let text = fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-        let mut out = ScoreHistory::new();
-        for line in lines {
-            let mut cells = line.split(',');
-            let Some(step) = cells.next().and_then(|s| s.parse::<u64>().ok()) else {
-                continue;
-            };
-            for (name, cell) in header.iter().skip(1).zip(cells) {
-                if let Ok(v) = cell.parse::<f64>() {
-                    out.entry((*name).to_string()).or_default().push((step, v));
-                }
-            }
-        }
-        Ok(out)
+        read_score_history(&self.root.join("training_scores.csv"))
     }
 
     /// Redraws `plots/training_score.{png,svg}` from `training_scores.csv`.
@@ -470,14 +497,68 @@ impl RunDir {
     }
 }
 
-/// Files of a Hugging Face model directory copied to the run root for the best policy.
-const HF_FILES: [&str; 5] = [
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-];
+/// Whether a file of a checkpoint or of the run root belongs to the policy's Hugging Face
+/// directory: `config.json`, the weights (`model.safetensors`, or shards and their index) and the
+/// tokenizer and generation files; not the optimizer state nor the trainer state.
+pub fn is_policy_file(name: &str) -> bool {
+    !name.starts_with("optimizer")
+        && (name == "config.json"
+            || name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json"
+            || rlreplay_model::TOKENIZER_FILES.contains(&name))
+}
+
+/// The names of the regular files of `dir` that `keep` accepts, sorted.
+pub(crate) fn file_names(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).at("cannot list", dir)? {
+        let entry = entry.at("cannot list", dir)?;
+        if entry.file_type().at("cannot list", dir)?.is_file() {
+            if let Some(name) = entry.file_name().to_str().filter(|n| keep(n)) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Renames directory `new` onto `dest` and syncs their parent: a directory already at `dest`
+/// is first renamed to `aside` (in the same parent), then removed once `new` has taken its
+/// place (and put back when `new` cannot).
+pub(crate) fn replace_dir(new: &Path, dest: &Path, aside: &Path) -> Result<()> {
+    if dest.exists() {
+        fs::rename(dest, aside).at("cannot rename into", aside)?;
+        if let Err(e) = fs::rename(new, dest) {
+            // Put the previous directory back.
+            let _ = fs::rename(aside, dest);
+            return Err(Error::io("cannot rename into", dest)(e));
+        }
+        fs::remove_dir_all(aside).at("cannot remove", aside)?;
+    } else {
+        fs::rename(new, dest).at("cannot rename into", dest)?;
+    }
+    sync_dir(dest.parent().unwrap_or(Path::new(".")))
+}
+
+/// Hard-links the regular files of `from` that `keep` accepts into `to` (created when missing),
+/// copying those that cannot be linked (another file system); returns their names. For files
+/// that are replaced by a rename, never rewritten in place, as checkpoints and policies are.
+pub(crate) fn link_files(
+    from: &Path,
+    to: &Path,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    fs::create_dir_all(to).at("cannot create", to)?;
+    let names = file_names(from, keep)?;
+    for name in &names {
+        let (src, dst) = (from.join(name), to.join(name));
+        if fs::hard_link(&src, &dst).is_err() {
+            fs::copy(&src, &dst).at("cannot copy into", &dst)?;
+        }
+    }
+    Ok(names)
+}
 
 /// The best policy saved at a validation, promoted to the run root once a checkpoint at or after
 /// its step exists.
@@ -528,41 +609,17 @@ impl RunDir {
         if tmp.exists() {
             fs::remove_dir_all(&tmp).at("cannot remove", &tmp)?;
         }
-        fs::create_dir_all(&tmp).at("cannot create", &tmp)?;
-        for entry in fs::read_dir(ckpt).at("cannot list", ckpt)? {
-            let entry = entry.at("cannot list", ckpt)?;
-            if entry.file_type().at("cannot list", ckpt)?.is_file() {
-                let name = entry.file_name();
-                if name == TRAINER_STATE || name.to_string_lossy().starts_with("optimizer") {
-                    continue;
-                }
-                let to = tmp.join(&name);
-                if fs::hard_link(entry.path(), &to).is_err() {
-                    fs::copy(entry.path(), &to).at("cannot copy into", &to)?;
-                }
-            }
-        }
+        link_files(ckpt, &tmp, is_policy_file)?;
         sync_dir(&tmp)?;
-        let last = ckpts.join("last");
-        if last.exists() {
-            let old = ckpts.join(format!(".last-old-{}", std::process::id()));
-            fs::rename(&last, &old).at("cannot rename into", &old)?;
-            fs::rename(&tmp, &last).at("cannot rename into", &last)?;
-            fs::remove_dir_all(&old).at("cannot remove", &old)?;
-        } else {
-            fs::rename(&tmp, &last).at("cannot rename into", &last)?;
-        }
-        sync_dir(&ckpts)?;
+        let old = ckpts.join(format!(".last-old-{}", std::process::id()));
+        replace_dir(&tmp, &ckpts.join("last"), &old)?;
         let cand = self.best_candidate();
         if cand.join("step.txt").is_file() {
-            for f in HF_FILES {
-                let src = cand.join(f);
-                if src.is_file() {
-                    let dst = self.root.join(f);
-                    let tmp = dst.with_extension("tmp-best");
-                    fs::copy(&src, &tmp).at("cannot copy into", &tmp)?;
-                    fs::rename(&tmp, &dst).at("cannot rename into", &dst)?;
-                }
+            for name in file_names(&cand, is_policy_file)? {
+                let (src, dst) = (cand.join(&name), self.root.join(&name));
+                let tmp = self.root.join(format!(".{name}.tmp-best"));
+                fs::copy(&src, &tmp).at("cannot copy into", &tmp)?;
+                fs::rename(&tmp, &dst).at("cannot rename into", &dst)?;
             }
             if let Some((s, m)) = best {
                 write_atomic(
@@ -620,13 +677,6 @@ impl RunDir {
             .filter_map(|o| o.split_once('=').map(|(k, _)| k.trim()))
             .collect();
         let mut rows = vec!["Section,Parameter,Value,Source".to_string()];
-        let quote = |s: &str| {
-            if s.contains([',', '"', '\n']) {
-                format!("\"{}\"", s.replace('"', "\"\""))
-            } else {
-                s.to_string()
-            }
-        };
         fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, String)>) {
             for (k, v) in t {
                 let key = if prefix.is_empty() {
@@ -665,9 +715,9 @@ impl RunDir {
                 };
                 rows.push(format!(
                     "{},{},{},{source}",
-                    quote(section),
-                    quote(&key),
-                    quote(&value)
+                    csv_field(section),
+                    csv_field(&key),
+                    csv_field(&value)
                 ));
             }
         }
@@ -679,6 +729,47 @@ impl RunDir {
             rows.join("\n").as_bytes(),
         )
     }
+}
+
+/// One CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The records of CSV text written with [`csv_field`] (quoted fields may hold commas, quotes and
+/// line breaks); blank lines are skipped.
+pub fn csv_records(text: &str) -> Vec<Vec<String>> {
+    let mut records = Vec::new();
+    let mut record = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars().peekable();
+    let mut end_record = |record: &mut Vec<String>, field: &mut String| {
+        record.push(std::mem::take(field));
+        let done = std::mem::take(record);
+        if done.len() > 1 || !done[0].is_empty() {
+            records.push(done);
+        }
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => record.push(std::mem::take(&mut field)),
+            '\r' if !quoted && chars.peek() == Some(&'\n') => {}
+            '\n' if !quoted => end_record(&mut record, &mut field),
+            c => field.push(c),
+        }
+    }
+    end_record(&mut record, &mut field);
+    records
 }
 
 /// A configuration as JSON, for the comparison of a resumed run's.
@@ -733,6 +824,13 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
             }
         }
     }
+    newest_checkpoint(run_dir)
+}
+
+/// The newest complete checkpoint of a run, as [`latest_checkpoint`] finds it, without
+/// touching the run directory (leftovers of an interrupted save stay).
+pub fn newest_checkpoint(run_dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+    let ckpts = run_dir.join("checkpoints");
     let complete = complete_checkpoints(&ckpts)?;
     let pointed = fs::read_to_string(ckpts.join(LATEST))
         .ok()
@@ -824,6 +922,56 @@ mod tests {
         rd.plot().unwrap();
         assert!(tmp.path().join("plots/training_score.png").is_file());
         assert!(tmp.path().join("plots/training_score.svg").is_file());
+    }
+
+    /// Every file of a policy reaches `checkpoints/last` and, for the best policy, the run root:
+    /// shards and their index, chat template; neither the optimizer nor the trainer state.
+    #[test]
+    fn published_policies_keep_every_policy_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = RunDir::open(tmp.path(), 0, &[Logger::Jsonl]).unwrap();
+        let policy = [
+            "config.json",
+            "generation_config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "tokenizer.json",
+            "chat_template.jinja",
+        ];
+        let fill = |d: &Path| {
+            for f in policy {
+                fs::write(d.join(f), f).unwrap();
+            }
+        };
+        let ckpt = rd
+            .save_checkpoint(2, 1, |d| {
+                fill(d);
+                fs::write(d.join("optimizer.safetensors"), "adam").unwrap();
+                state(d)
+            })
+            .unwrap();
+        let cand = rd.best_candidate();
+        fs::create_dir_all(&cand).unwrap();
+        fill(&cand);
+        fs::write(cand.join("step.txt"), "2\n").unwrap();
+        rd.publish_policy(&ckpt, Some((2, 0.5))).unwrap();
+        let last = rd.checkpoints().join("last");
+        for f in policy {
+            assert_eq!(fs::read_to_string(last.join(f)).unwrap(), f);
+            assert_eq!(fs::read_to_string(tmp.path().join(f)).unwrap(), f);
+        }
+        for f in ["optimizer.safetensors", TRAINER_STATE] {
+            assert!(
+                !last.join(f).exists() && !tmp.path().join(f).exists(),
+                "{f}"
+            );
+        }
+        assert!(!cand.exists() && !tmp.path().join("step.txt").exists());
+        assert_eq!(
+            fs::read_to_string(tmp.path().join("best_step.txt")).unwrap(),
+            "2 0.500000000000\n"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod convert;
 pub mod device_check;
 pub mod eos;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod logprobs;
 pub mod prepare;
