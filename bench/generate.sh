@@ -2,6 +2,7 @@
 # Sampling throughput: rlreplay's batched KV-cache sampler against transformers' `generate` on the
 # same random Qwen3 model (4 layers, hidden 256, vocab 8192), same batch, prompt length, number of
 # new tokens, sampling settings (temperature 1, top-p 0.95, no stop ids) and thread count.
+# MODEL=DIR runs both on that model directory instead (for example models/smollm2-135m-instruct).
 # Prints both results (tokens/s and CPU seconds of the timed call), the load average before and
 # after, and the ratios rlreplay / transformers of tokens/s and of tokens per CPU second.
 #
@@ -16,8 +17,9 @@ trap 'rm -rf "$dir"' EXIT
 cd "$root"
 cargo build --release -q -p rlreplay-sampling --example generate_bench
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-ours=$(RAYON_NUM_THREADS=$threads "$root/target/release/examples/generate_bench" "$dir/model" "$batch" "$prompt_len" "$new_tokens")
-theirs=$("$py" "$root/bench/generate_hf.py" "$dir/model" "$batch" "$prompt_len" "$new_tokens" "$threads")
+model=${MODEL:-$dir/model}
+ours=$(RAYON_NUM_THREADS=$threads "$root/target/release/examples/generate_bench" "$model" "$batch" "$prompt_len" "$new_tokens")
+theirs=$("$py" "$root/bench/generate_hf.py" "$model" "$batch" "$prompt_len" "$new_tokens" "$threads")
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "$ours"
 echo "$theirs"

@@ -1,5 +1,6 @@
-//! Sampling throughput on a random Qwen3 model: saves the model (for the transformers side of
-//! `bench/generate.sh`), samples `batch` prompts of `prompt_len` random tokens for exactly
+//! Sampling throughput on a random Qwen3 model, or on the model already in `MODEL_DIR` (a real
+//! one such as SmolLM2-135M-Instruct) when it holds a `config.json`: saves the random model (for
+//! the transformers side of `bench/generate.sh`), samples `batch` prompts of `prompt_len` random tokens for exactly
 //! `new_tokens` tokens each (no stop ids), and prints one JSON line with tokens/s and the process
 //! CPU time (user + system, all threads, from `/proc/self/stat`; `null` where unavailable) of the
 //! timed run.
@@ -53,8 +54,13 @@ fn main() -> Result<()> {
         })
     };
     let (batch, prompt_len, new_tokens) = (num(2, 16)?, num(3, 32)?, num(4, 128)?);
-    let model = Model::new_random(bench_config(), 0, DType::F32, &Device::Cpu)?;
-    model.save_hf(dir)?;
+    let model = if std::path::Path::new(dir).join("config.json").is_file() {
+        Model::load(dir, DType::F32, &Device::Cpu)?
+    } else {
+        let model = Model::new_random(bench_config(), 0, DType::F32, &Device::Cpu)?;
+        model.save_hf(dir)?;
+        model
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let vocab = model.config().vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..batch)
