@@ -102,6 +102,11 @@ pub enum RopeScaling {
     /// The plain rotary embedding, `θ^(−2i/D)`.
     #[default]
     Default,
+    /// Position interpolation (`rope_type = "linear"`): every frequency divided by `factor`.
+    Linear {
+        /// How much longer the context is than the original one.
+        factor: f64,
+    },
     /// Llama 3.1's frequency-dependent scaling (`rope_type = "llama3"`): long wavelengths are
     /// divided by `factor`, short ones kept, the band between interpolated.
     Llama3 {
@@ -128,6 +133,14 @@ impl RopeScaling {
             .and_then(Value::as_str);
         match kind {
             None | Some("default") => Ok(RopeScaling::Default),
+            Some("linear") => {
+                let factor = v.get("factor").and_then(Value::as_f64).ok_or_else(|| {
+                    Error::Config(format!("{key}.factor is missing or not a number"))
+                })?;
+                let scaling = RopeScaling::Linear { factor };
+                scaling.validate()?;
+                Ok(scaling)
+            }
             Some("llama3") => {
                 let num = |k: &str| -> Result<f64> {
                     v.get(k).and_then(Value::as_f64).ok_or_else(|| {
@@ -152,12 +165,19 @@ impl RopeScaling {
                 Ok(scaling)
             }
             Some(other) => Err(Error::Config(format!(
-                "{key} {v} is not supported: rope_type {other:?} (supported: default, llama3)"
+                "{key} {v} is not supported: rope_type {other:?} (supported: default, linear, llama3)"
             ))),
         }
     }
 
     fn validate(&self) -> Result<()> {
+        if let RopeScaling::Linear { factor } = *self {
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(Error::Config(format!(
+                    "linear rope scaling needs a positive factor, got {factor}"
+                )));
+            }
+        }
         if let RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -188,6 +208,7 @@ impl RopeScaling {
         let base = (0..d / 2).map(|i| 1.0 / theta.powf((2 * i) as f64 / d as f64));
         match *self {
             RopeScaling::Default => base.collect(),
+            RopeScaling::Linear { factor } => base.map(|f| f / factor).collect(),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -218,6 +239,9 @@ impl RopeScaling {
         match self {
             RopeScaling::Default => {
                 serde_json::json!({"rope_theta": theta, "rope_type": "default"})
+            }
+            RopeScaling::Linear { factor } => {
+                serde_json::json!({"rope_theta": theta, "rope_type": "linear", "factor": factor})
             }
             RopeScaling::Llama3 {
                 factor,
@@ -790,6 +814,31 @@ mod tests {
         let mut q = hf_json();
         o_set(&mut q, "attention_bias", true.into());
         assert!(parse(&q).is_err());
+    }
+
+    #[test]
+    fn linear_scaling_divides_every_frequency_and_round_trips() {
+        let mut v = smollm2_json();
+        o_set(
+            &mut v,
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": 4.0}),
+        );
+        let cfg = parse(&v).unwrap();
+        assert_eq!(cfg.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+        let base = RopeScaling::Default.inv_freq(1e4, 8);
+        let scaled = cfg.rope_scaling.inv_freq(1e4, 8);
+        assert!(base.iter().zip(&scaled).all(|(b, s)| *s == b / 4.0));
+        assert_eq!(parse(&cfg.to_hf_json()).unwrap(), cfg);
+        o_set(
+            &mut v,
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": -1.0}),
+        );
+        assert!(parse(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("positive factor"));
     }
 
     #[test]
