@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CpuStorage, CudaStorage, DType, Device, Layout, Shape, Tensor};
@@ -180,7 +182,7 @@ impl NcclCollective {
     }
 
     /// NCCL's reduce-scatter and all-gather take equal pieces: shards are padded to the longest.
-    fn reduce_scatter_host<T: NcclType + DeviceRepr + Copy + Default>(
+    fn reduce_scatter_host<T: NcclType + DeviceRepr + ValidAsZeroBits + Copy + Default>(
         &self,
         input: &[T],
         shards: &Shards,
@@ -207,7 +209,7 @@ impl NcclCollective {
         Ok(())
     }
 
-    fn all_gather_host<T: NcclType + DeviceRepr + Copy + Default>(
+    fn all_gather_host<T: NcclType + DeviceRepr + ValidAsZeroBits + Copy + Default>(
         &self,
         mine: &[T],
         shards: &Shards,
@@ -239,7 +241,7 @@ struct AllReduceOp<'a> {
 }
 
 impl AllReduceOp<'_> {
-    fn reduce<T: CudaDType + NcclType + DeviceRepr>(
+    fn reduce<T: CudaDType + NcclType + DeviceRepr + ValidAsZeroBits>(
         &self,
         s: &CudaStorage,
         range: (usize, usize),
