@@ -1,10 +1,12 @@
 //! Reward dispatch by `data_source`: math sets to the math verifier, multiple-choice sets
-//! (SciKnowEval, MMLU, SciQ, ARC-Challenge, OpenBookQA) to the MCQ grader.
+//! (SciKnowEval, MMLU, SciQ, ARC-Challenge, OpenBookQA) to the MCQ grader, arithmetic to the
+//! numeric-answer reward.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::number::number_reward;
 use crate::{mcq_reward, Limits, MathVerifier, Mode};
 
 /// Which reward function scores a data source.
@@ -15,6 +17,9 @@ pub enum RewardKind {
     Math(Mode),
     /// The multiple-choice grader.
     Mcq,
+    /// The numeric-answer reward ([`crate::number_reward`]): the stated final number, no
+    /// expression evaluated.
+    Number,
 }
 
 impl std::str::FromStr for RewardKind {
@@ -23,11 +28,12 @@ impl std::str::FromStr for RewardKind {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "mcq" => Ok(RewardKind::Mcq),
+            "number" => Ok(RewardKind::Number),
             "math" | "maxrl" => Ok(RewardKind::Math(Mode::Maxrl)),
             "math-default" | "default" => Ok(RewardKind::Math(Mode::Default)),
             "math-intent" | "intent" => Ok(RewardKind::Math(Mode::Intent)),
             other => Err(format!(
-                "unknown reward kind `{other}` (expected math, maxrl, math-default, math-intent or mcq)"
+                "unknown reward kind `{other}` (expected math, maxrl, math-default, math-intent, mcq or number)"
             )),
         }
     }
@@ -55,6 +61,10 @@ pub const MCQ_SOURCES: [&str; 6] = [
     "openbookqa",
 ];
 
+/// The `data_source` values graded by the numeric-answer reward by default: sets whose problems
+/// are expressions the math verifier would evaluate for the policy.
+pub const NUMBER_SOURCES: [&str; 1] = ["basic_arithmetic"];
+
 /// Maps `data_source` values to reward functions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RewardDispatch {
@@ -68,13 +78,18 @@ pub struct RewardDispatch {
 }
 
 impl Default for RewardDispatch {
-    /// [`MCQ_SOURCES`] -> MCQ; every other source (polaris, aime25, beyondaime, minerva,
-    /// MATH-500, gsm8k, ...) -> the math verifier with the MaxRL reward, as verl's MaxRL reward
-    /// manager does.
+    /// [`MCQ_SOURCES`] -> MCQ; [`NUMBER_SOURCES`] -> the numeric-answer reward; every other
+    /// source (polaris, aime25, beyondaime, minerva, MATH-500, gsm8k, ...) -> the math verifier
+    /// with the MaxRL reward, as verl's MaxRL reward manager does.
     fn default() -> Self {
         let rules = MCQ_SOURCES
             .iter()
             .map(|s| (s.to_string(), RewardKind::Mcq))
+            .chain(
+                NUMBER_SOURCES
+                    .iter()
+                    .map(|s| (s.to_string(), RewardKind::Number)),
+            )
             .collect();
         Self {
             rules,
@@ -92,7 +107,7 @@ impl RewardDispatch {
     }
 
     /// Adds rules from a `source=kind,source=kind` string (kinds: math, maxrl, math-default,
-    /// math-intent, mcq); the source `*` sets the kind of every source without a rule.
+    /// math-intent, mcq, number); the source `*` sets the kind of every source without a rule.
     pub fn with_rules_str(mut self, spec: &str) -> Result<Self, String> {
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (src, kind) = item
@@ -129,6 +144,18 @@ impl RewardDispatch {
                 reward: mcq_reward(response_text, ground_truth).score,
                 timed_out: false,
                 error: None,
+            },
+            RewardKind::Number => match number_reward(response_text, ground_truth) {
+                Ok(reward) => RewardOutcome {
+                    reward,
+                    timed_out: false,
+                    error: None,
+                },
+                Err(e) => RewardOutcome {
+                    reward: 0.0,
+                    timed_out: false,
+                    error: Some(e),
+                },
             },
             RewardKind::Math(mode) => {
                 let v = MathVerifier {
@@ -170,6 +197,20 @@ mod tests {
         assert_eq!(d.kind("openbookqa"), RewardKind::Mcq);
         assert_eq!(d.kind("arc_easy"), RewardKind::Mcq);
         assert_eq!(d.kind("gsm8k"), RewardKind::Math(Mode::Maxrl));
+        assert_eq!(d.kind("basic_arithmetic"), RewardKind::Number);
+        assert_eq!(
+            d.score("basic_arithmetic", "85", "86 - 1 = \\boxed{{}}")
+                .reward,
+            0.0
+        );
+        assert_eq!(d.score("basic_arithmetic", "85", "86 - 1 = 85").reward, 1.0);
+        let bad = d.score("basic_arithmetic", "x", "1");
+        assert_eq!(
+            bad.error.as_deref(),
+            Some("the ground truth \"x\" is not a number")
+        );
+        // The math verifier grades the restated expression right.
+        assert_eq!(d.score("math", "85", "86 - 1 is \\boxed{{}}.").reward, 1.0);
         assert_eq!(d.score("polaris", "12", "so \\boxed{12}").reward, 1.0);
         assert_eq!(d.score("aime25", "12", "so \\boxed{13}").reward, 0.0);
         let d = d.with_rules_str("polaris=mcq").unwrap();

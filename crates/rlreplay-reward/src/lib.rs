@@ -3,6 +3,8 @@
 //! * [`verify`] / [`MathVerifier`] grade a predicted answer against a gold answer, in the MaxRL
 //!   reward configuration ([`Mode::Maxrl`]) or math-verify's library defaults ([`Mode::Default`]).
 //! * [`mcq_reward`] scores SciKnowEval multiple-choice responses as the SDPO code does.
+//! * [`number_reward`] grades the final number a response states (arithmetic, where the verifier
+//!   would evaluate a restated expression).
 //! * [`RewardDispatch`] routes a `data_source` to one of them.
 //!
 //! No Python runs: extraction, LaTeX normalisation, parsing and equivalence are implemented here,
@@ -17,14 +19,16 @@ mod intent;
 pub mod latex;
 mod mcq;
 pub mod normalize;
+mod number;
 mod sets;
 
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use dispatch::{RewardDispatch, RewardKind, RewardOutcome, MCQ_SOURCES};
+pub use dispatch::{RewardDispatch, RewardKind, RewardOutcome, MCQ_SOURCES, NUMBER_SOURCES};
 pub use mcq::{mcq_reward, McqScore};
+pub use number::{canonical_number, number_answer, number_reward};
 
 use expr::{Budget, Stop};
 use extract::{extract, Extracted, Target};
