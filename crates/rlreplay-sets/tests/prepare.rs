@@ -77,10 +77,12 @@ fn every_set_is_written_in_verl_layout_and_read_by_eval() {
                     assert_eq!(item.messages.len(), 1);
                     assert_eq!(item.messages[0].role, "user");
                     assert!(item.messages[0].content.ends_with(MATH_INSTRUCTION));
-                    assert!(matches!(
-                        scorer.dispatch.kind(set.name()),
-                        RewardKind::Math(_)
-                    ));
+                    let kind = scorer.dispatch.kind(set.name());
+                    if set == Set::BasicArithmetic {
+                        assert_eq!(kind, RewardKind::Number);
+                    } else {
+                        assert!(matches!(kind, RewardKind::Math(_)));
+                    }
                     let right = format!("So the answer is $\\boxed{{{gt}}}$.");
                     assert_eq!(scorer.score(set.name(), gt, &right).reward, 1.0, "{gt}");
                 }
@@ -119,6 +121,36 @@ fn records_keep_the_sets_answers() {
     };
     assert_eq!(answer, "18");
     assert!(problem.starts_with("Janet\u{2019}s ducks lay 16 eggs per day."));
+
+    // Basic arithmetic: the correct option's number, the operation, the level.
+    let arith = read_records(Set::BasicArithmetic, Source::Wheel(&w)).unwrap();
+    assert_eq!(arith.len(), 24);
+    let Record::Math {
+        id,
+        problem,
+        answer,
+        subject,
+        level,
+    } = &arith[0]
+    else {
+        panic!("basic arithmetic is math")
+    };
+    assert_eq!(
+        (id.as_str(), problem.as_str(), answer.as_str()),
+        ("q1630_1d2d_max2d_plus", "Calculate 5 + 91 =", "96")
+    );
+    assert_eq!((subject.as_str(), level.as_str()), ("plus", "easy"));
+    let levels: std::collections::BTreeMap<String, usize> =
+        arith.iter().fold(Default::default(), |mut m, r| {
+            if let Record::Math { level, .. } = r {
+                *m.entry(level.clone()).or_default() += 1;
+            }
+            m
+        });
+    assert_eq!(
+        levels.into_iter().collect::<Vec<_>>(),
+        [("easy".into(), 8), ("hard".into(), 8), ("medium".into(), 8)]
+    );
 
     // MATH-500: the last \boxed{} of the solution, braces matched.
     let m500 = read_records(Set::Math500, Source::Wheel(&w)).unwrap();
@@ -363,6 +395,7 @@ fn full_wheel_sizes() {
         (Set::ArcChallenge, 1172, 299, 1172, 0),
         (Set::ArcEasy, 2376, 570, 2376, 0),
         (Set::Openbookqa, 500, 500, 500, 0),
+        (Set::BasicArithmetic, 3000, 2395, 605, 0),
     ] {
         let done = prepare(set, source, tmp.path()).unwrap();
         assert_eq!(done.rows, rows, "{}", set.name());
@@ -373,6 +406,7 @@ fn full_wheel_sizes() {
             tmp.path(),
             &[rlreplay_sets::Part::Train, rlreplay_sets::Part::Heldout],
             rlreplay_sets::DEFAULT_HELDOUT_FRACTION,
+            &[],
         )
         .unwrap();
         assert_eq!(

