@@ -89,6 +89,26 @@ fn eval_on_verl_parquet_writes_metrics() {
     );
     let samples = std::fs::read_to_string(out.join("samples.jsonl")).unwrap();
     assert_eq!(samples.lines().count(), 16);
+    // The response shape of `all` is that of the samples written.
+    let rows: Vec<serde_json::Value> = samples
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mean = |f: &dyn Fn(&serde_json::Value) -> f64| rows.iter().map(f).sum::<f64>() / 16.0;
+    let all = &groups[3];
+    assert_eq!(
+        all["response_length/mean"].as_f64().unwrap(),
+        mean(&|r| r["response_tokens"].as_f64().unwrap())
+    );
+    assert_eq!(
+        all["response_length/clip_ratio"].as_f64().unwrap(),
+        mean(&|r| f64::from(u8::from(r["truncated"].as_bool().unwrap())))
+    );
+    assert_eq!(
+        all["answered"].as_f64().unwrap(),
+        mean(&|r| f64::from(u8::from(!r["answer"].is_null())))
+    );
+    assert!(lines[0].ends_with("answered  length  clipped"), "{table}");
 }
 
 #[test]

@@ -143,9 +143,11 @@ pub enum Error {
     /// Metrics asked of no samples.
     #[error("no samples to evaluate")]
     NoSamples,
-    /// A prompt whose number of rewards or answers differs from the first prompt's.
+    /// A prompt whose number of rewards, answers or response shapes differs from the first
+    /// prompt's.
     #[error(
-        "prompt {prompt}: {rewards} rewards and {answers} answers, expected {expected} of each"
+        "prompt {prompt}: {rewards} rewards, {answers} answers and {shapes} response shapes, \
+         expected {expected} of each"
     )]
     SampleCount {
         /// The prompt's index.
@@ -154,6 +156,8 @@ pub enum Error {
         rewards: usize,
         /// Its number of answers.
         answers: usize,
+        /// Its number of response shapes.
+        shapes: usize,
         /// The number of samples of the first prompt.
         expected: usize,
     },

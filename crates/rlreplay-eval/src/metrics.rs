@@ -103,6 +103,17 @@ pub struct PromptSamples<T> {
     pub rewards: Vec<f64>,
     /// The extracted answer of each sample (for maj@k), `None` when nothing was extracted.
     pub answers: Vec<Option<T>>,
+    /// The length of each sample and whether it was cut at the token limit.
+    pub shapes: Vec<ResponseShape>,
+}
+
+/// The length of one response and whether it was cut at the token limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResponseShape {
+    /// Response tokens.
+    pub tokens: usize,
+    /// It reached the token limit without a stop token.
+    pub truncated: bool,
 }
 
 /// The default success threshold: a sample counts as correct for pass@k and maj@k when its reward
@@ -124,6 +135,13 @@ pub struct GroupMetrics {
     pub pass_at_k: Vec<(usize, f64)>,
     /// `(k, maj@k)` averaged over prompts.
     pub maj_at_k: Vec<(usize, f64)>,
+    /// Share of the samples with an answer to grade by vote: a `\boxed{}` (math), an
+    /// `<answer>` block or a bare answer (multiple choice).
+    pub answered: f64,
+    /// Mean response length in tokens (verl's `response_length/mean`).
+    pub response_length: f64,
+    /// Share of the samples cut at the token limit (verl's `response_length/clip_ratio`).
+    pub clip_ratio: f64,
 }
 
 /// Computes [`GroupMetrics`] per data source (sorted by name) followed by the overall group
@@ -139,11 +157,12 @@ pub fn evaluate<T>(
         return Err(Error::NoSamples);
     }
     for (i, p) in prompts.iter().enumerate() {
-        if p.rewards.len() != n || p.answers.len() != n {
+        if p.rewards.len() != n || p.answers.len() != n || p.shapes.len() != n {
             return Err(Error::SampleCount {
                 prompt: i,
                 rewards: p.rewards.len(),
                 answers: p.answers.len(),
+                shapes: p.shapes.len(),
                 expected: n,
             });
         }
@@ -208,6 +227,8 @@ fn group_metrics<T>(
             (k, s / m)
         })
         .collect();
+    let samples = m * n as f64;
+    let shapes = || group.iter().flat_map(|p| &p.shapes);
     GroupMetrics {
         data_source: name.to_owned(),
         prompts: group.len(),
@@ -215,6 +236,14 @@ fn group_metrics<T>(
         mean,
         pass_at_k: pass,
         maj_at_k: maj,
+        answered: group
+            .iter()
+            .flat_map(|p| &p.answers)
+            .filter(|a| a.is_some())
+            .count() as f64
+            / samples,
+        response_length: shapes().map(|s| s.tokens as f64).sum::<f64>() / samples,
+        clip_ratio: shapes().filter(|s| s.truncated).count() as f64 / samples,
     }
 }
 
@@ -308,7 +337,14 @@ mod tests {
         let p = |s: &str, r: [f64; 4], a: [i32; 4]| PromptSamples {
             data_source: s.into(),
             rewards: r.to_vec(),
-            answers: a.iter().map(|&x| Some(x)).collect(),
+            answers: a.iter().map(|&x| (x > 0).then_some(x)).collect(),
+            shapes: a
+                .iter()
+                .map(|&x| ResponseShape {
+                    tokens: 10 * x as usize,
+                    truncated: x == 7,
+                })
+                .collect(),
         };
         let prompts = [
             p("b", [1.0, 0.0, 0.0, 0.0], [5, 6, 6, 7]),
@@ -325,11 +361,30 @@ mod tests {
         assert_eq!(m[0].maj_at_k[2], (4, 1.0));
         assert_eq!(m[1].maj_at_k[2], (4, 0.0));
         assert_eq!(m[2].prompts, 3);
+        assert_eq!(
+            (m[0].answered, m[0].response_length, m[0].clip_ratio),
+            (1.0, 12.5, 0.0)
+        );
+        let b = &m[1];
+        assert_eq!(
+            (b.answered, b.response_length, b.clip_ratio),
+            (1.0, 45.0, 0.125)
+        );
+        let zero = [p("z", [0.0; 4], [0, 0, 1, 0])];
+        let z = &evaluate(&zero, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).unwrap()[0];
+        assert_eq!((z.answered, z.response_length), (0.25, 2.5));
         assert!(evaluate::<i32>(&[], DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).is_err());
         let ragged = [prompts[0].clone(), p("a", [1.0; 4], [1; 4])];
         let mut bad = ragged.clone();
         bad[1].rewards.pop();
         assert!(evaluate(&bad, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).is_err());
+        let mut bad = ragged.clone();
+        bad[0].shapes.pop();
+        let e = evaluate(&bad, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "prompt 0: 4 rewards, 4 answers and 3 response shapes, expected 4 of each"
+        );
     }
 
     /// Guards the one success comparison: a reward equal to the threshold is a success for
@@ -340,6 +395,7 @@ mod tests {
             data_source: "s".into(),
             rewards: vec![0.5, 0.0],
             answers: vec![Some(1), Some(2)],
+            shapes: vec![ResponseShape::default(); 2],
         }];
         let m = evaluate(&prompts, DEFAULT_SUCCESS_THRESHOLD, |a, b| a == b).unwrap();
         assert_eq!(m[0].pass_at_k[0], (1, 0.5));

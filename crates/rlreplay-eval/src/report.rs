@@ -7,7 +7,8 @@ use serde_json::{json, Map, Value};
 
 use crate::metrics::GroupMetrics;
 
-/// One group's metrics as a JSON object with `mean@n`, `pass@k` and `maj@k` keys.
+/// One group's metrics as a JSON object with `mean@n`, `pass@k`, `maj@k`, `answered`,
+/// `response_length/mean` and `response_length/clip_ratio` keys.
 pub fn group_json(g: &GroupMetrics) -> Value {
     let mut m = Map::new();
     m.insert("data_source".into(), json!(g.data_source));
@@ -20,10 +21,15 @@ pub fn group_json(g: &GroupMetrics) -> Value {
     for (k, v) in &g.maj_at_k {
         m.insert(format!("maj@{k}"), json!(v));
     }
+    m.insert("answered".into(), json!(g.answered));
+    m.insert("response_length/mean".into(), json!(g.response_length));
+    m.insert("response_length/clip_ratio".into(), json!(g.clip_ratio));
     Value::Object(m)
 }
 
-/// A fixed-width table: one row per group, values in percent.
+/// A fixed-width table: one row per group, values in percent but the mean response length
+/// (`length`, tokens); `answered` is the share of samples with an answer to vote on, `clipped`
+/// the share cut at the token limit.
 pub fn table(groups: &[GroupMetrics]) -> String {
     let Some(first) = groups.first() else {
         return String::new();
@@ -35,6 +41,7 @@ pub fn table(groups: &[GroupMetrics]) -> String {
     ];
     headers.extend(first.pass_at_k.iter().map(|(k, _)| format!("pass@{k}")));
     headers.extend(first.maj_at_k.iter().map(|(k, _)| format!("maj@{k}")));
+    headers.extend(["answered", "length", "clipped"].map(String::from));
     let rows: Vec<Vec<String>> = groups
         .iter()
         .map(|g| {
@@ -42,6 +49,11 @@ pub fn table(groups: &[GroupMetrics]) -> String {
             let mut r = vec![g.data_source.clone(), g.prompts.to_string(), pct(g.mean)];
             r.extend(g.pass_at_k.iter().map(|(_, v)| pct(*v)));
             r.extend(g.maj_at_k.iter().map(|(_, v)| pct(*v)));
+            r.extend([
+                pct(g.answered),
+                format!("{:.1}", g.response_length),
+                pct(g.clip_ratio),
+            ]);
             r
         })
         .collect();
@@ -118,6 +130,9 @@ mod tests {
                 mean: 0.325,
                 pass_at_k: vec![(1, 0.325), (2, 0.5)],
                 maj_at_k: vec![(1, 0.325), (2, 0.25)],
+                answered: 0.75,
+                response_length: 31.5,
+                clip_ratio: 0.25,
             },
             GroupMetrics {
                 data_source: "all".into(),
@@ -126,6 +141,9 @@ mod tests {
                 mean: 0.48500000000000004,
                 pass_at_k: vec![(1, 0.485), (2, 0.5)],
                 maj_at_k: vec![(1, 0.485), (2, 0.25)],
+                answered: 0.5,
+                response_length: 40.0,
+                clip_ratio: 0.0,
             },
         ]
     }
@@ -147,6 +165,9 @@ mod tests {
         assert_eq!(v["mean@2"], json!(0.325));
         assert_eq!(v["pass@2"], json!(0.5));
         assert_eq!(v["maj@2"], json!(0.25));
+        assert_eq!(v["answered"], json!(0.75));
+        assert_eq!(v["response_length/mean"], json!(31.5));
+        assert_eq!(v["response_length/clip_ratio"], json!(0.25));
     }
 
     #[test]
@@ -156,6 +177,11 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("data_source  prompts  mean@2  pass@1"));
         assert!(lines[2].contains("48.50"));
+        assert!(
+            lines[0].ends_with("maj@2  answered  length  clipped"),
+            "{t}"
+        );
+        assert!(lines[1].ends_with("75.00    31.5    25.00"), "{t}");
         assert!(lines.iter().all(|l| l.len() == lines[0].len()));
         assert_eq!(table(&[]), "");
     }

@@ -1,7 +1,9 @@
 //! Rewards and majority-vote answers of generated responses, by data source.
 
 use rlreplay_reward::normalize::{extract_boxed_content, BoxedMode};
-use rlreplay_reward::{mcq_reward, MathVerifier, RewardDispatch, RewardKind, RewardOutcome};
+use rlreplay_reward::{
+    mcq_reward, number_answer, MathVerifier, RewardDispatch, RewardKind, RewardOutcome,
+};
 
 /// The answer a response votes for in maj@k, with the reward kind that compares answers.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,11 +28,13 @@ impl Scorer {
     }
 
     /// The answer `response` votes for: the last `\boxed{}` content for math sources (as verl's
-    /// majority vote extracts it), the text of the last `<answer>` block for multiple choice.
+    /// majority vote extracts it), the text of the last `<answer>` block for multiple choice, the
+    /// stated number in canonical form for numeric answers.
     pub fn answer(&self, data_source: &str, response: &str) -> Option<Answer> {
         let kind = self.dispatch.kind(data_source);
         let text = match kind {
             RewardKind::Mcq => mcq_reward(response, "").pred,
+            RewardKind::Number => number_answer(response)?,
             RewardKind::Math(_) => {
                 if !(response.contains("\\boxed") || response.contains("\\fbox")) {
                     return None;
@@ -52,7 +56,7 @@ impl Scorer {
             return true;
         }
         match a.kind {
-            RewardKind::Mcq => false,
+            RewardKind::Mcq | RewardKind::Number => false,
             RewardKind::Math(mode) => {
                 MathVerifier {
                     mode,

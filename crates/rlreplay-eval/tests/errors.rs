@@ -2,7 +2,7 @@
 //! messages users see.
 
 use rlreplay_eval::dataset::read_prompts;
-use rlreplay_eval::metrics::{evaluate, PromptSamples};
+use rlreplay_eval::metrics::{evaluate, PromptSamples, ResponseShape};
 use rlreplay_eval::Error;
 
 /// The message with its causes, as the binary prints it.
@@ -94,6 +94,7 @@ fn metrics_refuse_ragged_samples() {
         data_source: "s".to_owned(),
         rewards: vec![1.0; n],
         answers: vec![Some(1); n],
+        shapes: vec![ResponseShape::default(); n],
     };
     let e = evaluate::<i32>(&[], 0.5, |a, b| a == b).unwrap_err();
     assert!(matches!(e, Error::NoSamples));
@@ -104,11 +105,12 @@ fn metrics_refuse_ragged_samples() {
             prompt: 1,
             rewards: 3,
             answers: 3,
+            shapes: 3,
             expected: 2
         }
     ));
     assert_eq!(
         e.to_string(),
-        "prompt 1: 3 rewards and 3 answers, expected 2 of each"
+        "prompt 1: 3 rewards, 3 answers and 3 response shapes, expected 2 of each"
     );
 }

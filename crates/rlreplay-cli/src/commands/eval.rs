@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use rlreplay_eval::dataset::read_prompts;
-use rlreplay_eval::metrics::{evaluate, PromptSamples, DEFAULT_SUCCESS_THRESHOLD};
+use rlreplay_eval::metrics::{evaluate, PromptSamples, ResponseShape, DEFAULT_SUCCESS_THRESHOLD};
 use rlreplay_eval::pipeline::score_generations;
 use rlreplay_eval::report;
 use serde_json::json;
@@ -72,6 +72,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             data_source: item.data_source.clone(),
             rewards: chunk.iter().map(|s| s.reward.unwrap_or(0.0)).collect(),
             answers: chunk.iter().map(|s| s.answer.clone()).collect(),
+            shapes: chunk
+                .iter()
+                .map(|s| ResponseShape {
+                    tokens: s.generation.tokens.len(),
+                    truncated: s.generation.truncated,
+                })
+                .collect(),
         })
         .collect();
     let groups = evaluate(&per_prompt, args.success_reward_threshold, |a, b| {

@@ -50,8 +50,9 @@ pub struct SamplingArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Reward rules `source=kind,...` added to the defaults (kinds: math, maxrl, math-default,
-    /// math-intent, mcq; sciknoweval, mmlu, sciq, arc_challenge, arc_easy and openbookqa are mcq,
-    /// every other source the MaxRL math reward; `*=kind` changes that fallback).
+    /// math-intent, mcq, number; sciknoweval, mmlu, sciq, arc_challenge, arc_easy and openbookqa
+    /// are mcq, basic_arithmetic is number, every other source the MaxRL math reward; `*=kind`
+    /// changes that fallback).
     #[arg(long, default_value = "")]
     pub reward_rules: String,
 }
