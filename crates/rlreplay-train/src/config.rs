@@ -657,11 +657,16 @@ impl Default for BatchSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardSection {
-    /// Extra `source=kind` rules (kinds: math, maxrl, math-default, math-intent, mcq; `*=kind`
-    /// for every source without a rule).
+    /// Extra `source=kind` rules (kinds: math, maxrl, math-default, math-intent, mcq, number;
+    /// `*=kind` for every source without a rule).
     pub rules: String,
     /// Time limit of one verification in seconds; a timeout scores 0 and is counted.
     pub timeout_s: f64,
+    /// Online training: the score of a rollout cut at `max_response_length` without a stop
+    /// token, whatever its text (absent: graded like any other). An unfinished response has not
+    /// answered; graded by its text, a number it passed on the way can score, and the policy
+    /// learns to ramble. Validation always grades the text.
+    pub truncated_score: Option<f64>,
 }
 
 impl Default for RewardSection {
@@ -669,6 +674,7 @@ impl Default for RewardSection {
         Self {
             rules: String::new(),
             timeout_s: 1.0,
+            truncated_score: None,
         }
     }
 }
@@ -974,6 +980,12 @@ impl Config {
             return Err(Error::config(
                 "reward.timeout_s",
                 "[reward] timeout_s must be positive",
+            ));
+        }
+        if let Some(t) = self.reward.truncated_score.filter(|t| !t.is_finite()) {
+            return Err(Error::config(
+                "reward.truncated_score",
+                format!("[reward] truncated_score = {t}: must be a finite number"),
             ));
         }
         let o = &self.optim;

@@ -104,3 +104,33 @@ fn toy_preset_demo() {
         s.validations
     );
 }
+
+#[test]
+fn truncated_rollouts_take_the_configured_score() {
+    // One response token: every rollout that does not stop at once is truncated.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = toy_config(&[
+        "trainer.total_training_steps=1",
+        "validation.test_freq=0",
+        "validation.val_before_train=false",
+        "rollout.max_response_length=1",
+        "reward.truncated_score=-0.5",
+    ]);
+    let s = train(cfg, dir.path());
+    let m = &s.last_metrics;
+    assert_eq!(m["critic/score/min"], -0.5, "{m:?}");
+    assert!(m["critic/score/max"] <= 1.0, "{m:?}");
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/toy-arith.toml");
+    let e = Config::load(
+        &path,
+        &["reward.truncated_score=nan".to_string()],
+        SourceKind::Online,
+    )
+    .unwrap_err();
+    // The message is the cause under "in config FILE".
+    assert!(
+        format!("{e:?}").contains("[reward] truncated_score = NaN: must be a finite number"),
+        "{e:?}"
+    );
+}

@@ -126,6 +126,8 @@ pub struct OnlineSource {
     shuffle: bool,
     seed: u64,
     rewards: RewardDispatch,
+    /// `[reward] truncated_score`: the score of a truncated rollout.
+    truncated_score: Option<f64>,
     rollouts: PathBuf,
     /// The inference servers, with `[rollout] backend = "remote"`.
     remote: Option<Arc<Remote>>,
@@ -163,6 +165,7 @@ impl OnlineSource {
             shuffle: cfg.data.shuffle,
             seed: cfg.trainer.seed,
             rewards: cfg.reward.dispatch()?,
+            truncated_score: cfg.reward.truncated_score,
             rollouts: ctx.run_dir.join("rollouts"),
             remote: (cfg.rollout.backend == RolloutBackend::Remote)
                 .then(|| Arc::new(Remote::new(&cfg.rollout, ctx.run_dir))),
@@ -224,8 +227,10 @@ impl OnlineSource {
                 let item = &self.prompts[picks[generation.prompt]].item;
                 let response = self.chat.decode(&generation.tokens, true)?;
                 let gt = item.ground_truth.as_deref().unwrap_or("");
-                let (reward, failure) =
-                    reward_of(&self.rewards.score(&item.data_source, gt, &response));
+                let (reward, failure) = match self.truncated_score {
+                    Some(score) if generation.truncated => (score, None),
+                    _ => reward_of(&self.rewards.score(&item.data_source, gt, &response)),
+                };
                 Ok(Scored {
                     generation,
                     version,
