@@ -7,6 +7,8 @@
 # (each in its own process).
 #
 # Usage: bench/model.sh [THREADS] [ROUNDS]   (defaults 2 and 3; rounds are interleaved)
+#        MODEL=DIR bench/model.sh [THREADS] [ROUNDS]   only the Hugging Face model in DIR (for
+#        example models/smollm2-135m-instruct) against AutoModelForCausalLM, 4 x 256 tokens
 # Needs .venv/torch (scripts/setup-venv.sh torch torch transformers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,15 +23,26 @@ ratio() { # rlreplay-ms torch-ms
 }
 ms() { sed -n 's/.*fwd_bwd_ms=\([0-9.]*\).*/\1/p'; }
 fms() { sed -n 's/.* fwd_ms=\([0-9.]*\).*/\1/p'; }
-for cfg in tiny small; do
+if [ -n "${MODEL:-}" ]; then
+  configs=(dir)
+else
+  configs=(tiny small)
+fi
+for cfg in "${configs[@]}"; do
   for round in $(seq "$ROUNDS"); do
-    r=$("$BIN" "$cfg"); echo "$r"
-    t=$("$PY" bench/model_torch.py "$cfg" "$THREADS"); echo "$t"
-    echo "ratio config=$cfg round=$round threads=$THREADS" \
+    if [ "$cfg" = dir ]; then
+      r=$("$BIN" dir "$MODEL"); echo "$r"
+      t=$("$PY" bench/model_torch.py "$MODEL" "$THREADS"); echo "$t"
+    else
+      r=$("$BIN" "$cfg"); echo "$r"
+      t=$("$PY" bench/model_torch.py "$cfg" "$THREADS"); echo "$t"
+    fi
+    echo "ratio config=${MODEL:-$cfg} round=$round threads=$THREADS" \
       "fwd_bwd_speedup_vs_torch=$(ratio "$(echo "$r" | ms)" "$(echo "$t" | ms)")" \
       "fwd_speedup_vs_torch=$(ratio "$(echo "$r" | fms)" "$(echo "$t" | fms)")"
   done
 done
+[ -n "${MODEL:-}" ] && exit 0
 "$BIN" logprobs-rss
 "$BIN" recompute-rss off
 "$BIN" recompute-rss on

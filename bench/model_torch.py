@@ -2,7 +2,9 @@
 initialised transformers Qwen3ForCausalLM (eager attention, float32, CPU) on the same shapes as
 the rlreplay bench (`cargo bench -p rlreplay-model --bench model`).
 
-Usage: python bench/model_torch.py {tiny|small|gemm} [THREADS] [ITERS]
+Usage: python bench/model_torch.py {tiny|small|gemm|DIR} [THREADS] [ITERS]
+DIR is a Hugging Face model directory (the Rust side's `dir DIR`), loaded with
+AutoModelForCausalLM in float32 with eager attention.
 The objective is the mean next-token log-prob of every position, as on the Rust side. `gemm`
 times torch.mm (f32) on the shapes of the Rust side's `gemm` mode instead.
 """
@@ -12,7 +14,7 @@ import sys
 import time
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 BATCH, SEQ_LEN = 4, 256
 
@@ -56,11 +58,15 @@ def main():
     iters = int(sys.argv[3]) if len(sys.argv) > 3 else (5 if name == "tiny" else 2)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = Qwen3Config(**CONFIGS[name], rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-                      tie_word_embeddings=True, max_position_embeddings=4096,
-                      attn_implementation="eager")
-    model = Qwen3ForCausalLM(cfg).float().train()
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ_LEN))
+    if name in CONFIGS:
+        cfg = Qwen3Config(**CONFIGS[name], rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+                          tie_word_embeddings=True, max_position_embeddings=4096,
+                          attn_implementation="eager")
+        model = Qwen3ForCausalLM(cfg).float().train()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32,
+                                                     attn_implementation="eager").train()
+    ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ_LEN))
 
     def objective():
         logits = model(input_ids=ids).logits[:, :-1].float()

@@ -5,6 +5,8 @@
 //! - `tiny`: vocab 512, hidden 128, 2 layers, 4/2 heads of 32, MLP 384, 4 × 256 tokens;
 //! - `small`: Qwen3 proportions with the full 151,936 vocabulary: hidden 256, MLP 768, 2 layers,
 //!   4/2 heads of 128, tied embeddings, 4 × 256 tokens;
+//! - `dir DIR [ITERS]`: the model saved in the Hugging Face directory DIR (for example the
+//!   converted SmolLM2-135M-Instruct), 4 × 256 tokens;
 //! - `logprobs-rss`: log-probs of one 4096-token response through a 151,936 × 2560 lm_head, then
 //!   the peak resident memory of the process;
 //! - `recompute-rss [on|off]`: one forward+backward of a 4096-token sequence through 8 layers
@@ -74,8 +76,15 @@ fn peak_rss_mib() -> f64 {
 }
 
 fn bench_model(name: &str, cfg: ModelConfig, iters: usize) -> anyhow::Result<()> {
-    let vocab = cfg.vocab_size;
-    let mut model = Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
+    bench_loaded(
+        name,
+        Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?,
+        iters,
+    )
+}
+
+fn bench_loaded(name: &str, mut model: Model, iters: usize) -> anyhow::Result<()> {
+    let vocab = model.config().vocab_size;
     let ids: Vec<Vec<u32>> = (0..BATCH)
         .map(|b| token_ids(SEQ_LEN, vocab, b as u64))
         .collect();
@@ -299,7 +308,7 @@ fn main() -> anyhow::Result<()> {
             .transpose()?
             .unwrap_or(default))
     };
-    if matches!(mode, "tiny" | "small" | "layer") {
+    if matches!(mode, "tiny" | "small" | "layer" | "dir") {
         // As `rlreplay replay` and `train` do for their training steps (not for the memory modes).
         // SAFETY: no other thread exists yet.
         unsafe { rlreplay_model::keep_freed_memory_committed() };
@@ -307,6 +316,14 @@ fn main() -> anyhow::Result<()> {
     match mode {
         "tiny" => bench_model("tiny", ModelConfig::tiny(), iters(5)?),
         "small" => bench_model("small", small_config(), iters(2)?),
+        "dir" => {
+            let dir = args
+                .get(1)
+                .ok_or_else(|| anyhow::anyhow!("dir takes a model directory"))?;
+            let iters = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(2);
+            let model = Model::load(dir, DType::F32, &Device::Cpu)?;
+            bench_loaded(dir, model, iters)
+        }
         "logprobs-rss" => logprobs_rss(),
         "gemm" => gemm_peak(iters(5)?),
         "layer" => bench_layer(iters(3)?),
@@ -316,7 +333,8 @@ fn main() -> anyhow::Result<()> {
             Some(other) => anyhow::bail!("recompute-rss takes on or off, got {other:?}"),
         },
         other => anyhow::bail!(
-            "unknown mode {other:?} (tiny, small, logprobs-rss, recompute-rss [on|off], gemm, layer)"
+            "unknown mode {other:?} (tiny, small, dir DIR, logprobs-rss, recompute-rss [on|off], \
+             gemm, layer)"
         ),
     }
 }
