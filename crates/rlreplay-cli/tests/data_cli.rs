@@ -289,8 +289,9 @@ fn hub_paths_with_a_query_are_refused_before_any_request() {
 }
 
 /// The end-of-sequence ids of the model-less commands come from `--eos`, else from the special
-/// tokens of the `--tokenizer` (or model) directory, else from the installed tokenizer's
-/// directory; without any of them the command says which flag to pass. No built-in id.
+/// tokens of the `--tokenizer` (or model) directory, else from the dataset (every shard rlreplay
+/// writes names them), else from the installed tokenizer; without any, truncation is unknown
+/// and the rest is reported. No built-in id, and no tokenizer found around the working directory.
 #[test]
 fn end_of_sequence_ids_come_from_the_tokenizer_or_eos() {
     let dir = tempfile::tempdir().unwrap();
@@ -348,7 +349,7 @@ fn end_of_sequence_ids_come_from_the_tokenizer_or_eos() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    // A directory that names none, and no source at all: errors naming the way out.
+    // A directory the user names that names none: an error naming the way out.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let o = rlreplay(&["validate", d, "--tokenizer", empty.to_str().unwrap()]);
@@ -358,26 +359,76 @@ fn end_of_sequence_ids_come_from_the_tokenizer_or_eos() {
         err.contains("names no end-of-sequence token") && err.contains("--eos"),
         "{err}"
     );
-    for cmd in ["validate", "audit", "show"] {
-        let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-            .args([cmd, d])
-            .env("RLREPLAY_TOKENIZER", "/nonexistent/tokenizer.json")
+    // On a machine with no tokenizer anywhere (an empty home, no $RLREPLAY_TOKENIZER), even
+    // from inside a checkout that has one: the dataset's own ids, for every command.
+    let home = tempfile::tempdir().unwrap();
+    let bare = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args(args)
+            .env_remove("RLREPLAY_TOKENIZER")
+            .env_remove("XDG_CACHE_HOME")
+            .env("HOME", home.path())
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{cmd}");
-        let err = String::from_utf8_lossy(&o.stderr);
+            .unwrap()
+    };
+    let named = "end of sequence: 999 (from the dataset; written by rlreplay synth)";
+    for cmd in ["validate", "audit", "show"] {
+        let o = bare(&[cmd, d]);
         assert!(
-            err.contains("no end-of-sequence id")
-                && err.contains("--eos")
-                && err.contains("--tokenizer"),
-            "{cmd}: {err}"
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(stdout(&o).contains(named), "{cmd}: {}", stdout(&o));
+    }
+    let by_999 = rlreplay(&["audit", d, "--json", "--eos", "999"]);
+    assert_eq!(stdout(&bare(&["audit", d, "--json"])), stdout(&by_999));
+    // The dataset's ids come before the installed tokenizer's.
+    let installed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/qwen3");
+    let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+        .args(["audit", d])
+        .env("RLREPLAY_TOKENIZER", installed.join("tokenizer.json"))
+        .output()
+        .unwrap();
+    assert!(stdout(&o).contains(named), "{}", stdout(&o));
+    // A dataset that names none (written by another tool): truncation is unknown, the rest is
+    // reported, and nothing fails.
+    let foreign = tempfile::tempdir().unwrap();
+    let mut b = rlreplay_data::RolloutBatch::empty(1);
+    b.push_row(
+        "u",
+        &[1, 2],
+        &[3, 4],
+        &[-0.5, -0.5],
+        1.0,
+        None,
+        None,
+        None,
+        None,
+    );
+    rlreplay_data::write_shard(foreign.path(), &b).unwrap();
+    let f = foreign.path().to_str().unwrap();
+    for cmd in ["validate", "audit", "show"] {
+        let o = bare(&[cmd, f]);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            stdout(&o).contains("end of sequence: unknown") && stdout(&o).contains("--eos"),
+            "{cmd}: {}",
+            stdout(&o)
         );
     }
+    let o = bare(&["audit", f, "--json"]);
+    let last: serde_json::Value = serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+    assert!(last["truncated"].is_null() && last["rows"] == 1, "{last}");
     // The installed Qwen3 tokenizer names <|im_end|> and <|endoftext|>.
-    let installed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/qwen3");
     if installed.join("tokenizer.json").is_file() {
         let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
-            .args(["audit", d])
+            .args(["audit", f])
             .env("RLREPLAY_TOKENIZER", installed.join("tokenizer.json"))
             .output()
             .unwrap();

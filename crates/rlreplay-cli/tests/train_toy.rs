@@ -106,7 +106,7 @@ fn toy_run_writes_the_artifacts_and_resumes() {
     let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 4);
 
-    // The rollouts form a valid dataset.
+    // The rollouts form a valid dataset that names the run's stop ids.
     let rollouts = out.join("rollouts").display().to_string();
     let o = rlreplay(&["validate", &rollouts]);
     assert!(
@@ -114,6 +114,11 @@ fn toy_run_writes_the_artifacts_and_resumes() {
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("(from the dataset; written by "),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
     );
 }
 

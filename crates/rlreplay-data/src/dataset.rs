@@ -14,6 +14,7 @@ use crate::hub::HubPath;
 use crate::read::{read_shard, read_shard_reusing, ReadOptions};
 use crate::report::ValidationReport;
 use crate::steps::StepRange;
+use crate::stop::{StopIds, STOP_IDS_KEY};
 
 /// A rollout dataset: one Parquet shard per trainer step, ordered by step.
 ///
@@ -84,6 +85,25 @@ impl Dataset {
     /// `(step, file)` of every shard, by increasing step.
     pub fn steps(&self) -> Vec<(i64, PathBuf)> {
         self.shards.clone()
+    }
+
+    /// The stop ids the dataset names: those in the footer of its first shard that opens as
+    /// Parquet ([`STOP_IDS_KEY`]); `None` when that footer names none (datasets written by other
+    /// tools). Only footers are read. A value that does not parse is an error naming the file.
+    pub fn stop_ids(&self) -> Result<Option<StopIds>> {
+        for (_, path) in &self.shards {
+            let Ok(reader) = File::open(path).map(SerializedFileReader::new) else {
+                continue;
+            };
+            let Ok(reader) = reader else { continue };
+            let kv = reader.metadata().file_metadata().key_value_metadata();
+            return kv
+                .and_then(|kv| kv.iter().find(|k| k.key == STOP_IDS_KEY))
+                .and_then(|k| k.value.as_deref())
+                .map(|v| StopIds::from_json(path, v))
+                .transpose();
+        }
+        Ok(None)
     }
 
     /// The file of `step`, if the dataset has it.

@@ -100,6 +100,14 @@ pub enum Error {
         /// The Parquet reader's error.
         source: parquet::errors::ParquetError,
     },
+    /// A shard footer whose stop-id metadata does not parse.
+    #[error("{}: footer key `{}`: {message}", path.display(), crate::stop::STOP_IDS_KEY)]
+    BadStopIds {
+        /// The shard.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// A file operation that failed (`action` says which: opening, creating, writing, ...).
     #[error("{action} {}", path.display())]
     Io {

@@ -16,6 +16,7 @@ pub mod read;
 pub mod report;
 pub mod stats;
 pub mod steps;
+pub mod stop;
 pub mod synth;
 pub mod tokenizer;
 pub mod write;
@@ -30,5 +31,6 @@ pub use read::{
 pub use report::{Issue, IssueKind, ValidationReport};
 pub use stats::{AuditStats, AuditSums};
 pub use steps::StepRange;
+pub use stop::{StopIds, STOP_IDS_KEY};
 pub use tokenizer::{default_tokenizer_path, load_tokenizer, Tokenizer};
 pub use write::{canonical_schema, shard_path, write_shard, ShardWriter};

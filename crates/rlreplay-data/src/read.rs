@@ -27,6 +27,7 @@ use crate::batch::RolloutBatch;
 use crate::error::{chain, Error, Result};
 use crate::lists::{read_float_lists, read_token_lists, ListLeaf, ListSource};
 use crate::report::{Issue, IssueKind, ValidationReport};
+use crate::stop::{StopIds, STOP_IDS_KEY};
 
 /// Accepted names of the prompt-token column, in order of preference.
 pub const PROMPT_ALIASES: &[&str] = &["prompt_token_ids", "prompt_ids"];
@@ -53,6 +54,7 @@ pub struct ReadOptions {
     pub lenient: bool,
     /// The ids that end a response (the model's end-of-sequence and stop tokens, from its
     /// tokenizer or configuration): a response ending with none of them counts as truncated.
+    /// Empty: truncation is not counted (the report says unknown).
     pub eos: Vec<u32>,
     /// When set, token ids must be below it.
     pub vocab: Option<u32>,
@@ -134,6 +136,8 @@ pub struct ShardFooter {
     /// The largest prompt or response token id with its column, when every row group of both
     /// columns has statistics.
     pub max_token_id: Option<(String, i64)>,
+    /// The stop ids the footer names ([`crate::STOP_IDS_KEY`]), when it names them.
+    pub stop_ids: Option<StopIds>,
 }
 
 /// Reads a shard's footer: the resolved columns (a missing or wrongly typed column is an error
@@ -155,10 +159,19 @@ pub fn read_footer(path: &Path) -> Result<ShardFooter> {
             }
         }
     }
+    let stop_ids = meta
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == STOP_IDS_KEY))
+        .and_then(|k| k.value.as_deref())
+        .map(|v| StopIds::from_json(path, v))
+        .transpose()?;
     Ok(ShardFooter {
         rows,
         log_probs: cols.log_probs,
         max_token_id,
+        stop_ids,
     })
 }
 
@@ -923,9 +936,11 @@ fn check(
         // A strict read with problems becomes an error in the caller; its rows are inconsistent.
         RolloutBatch::empty(step)
     };
-    report.truncated = (0..batch.len())
-        .filter(|&i| batch.truncated(i, &opts.eos))
-        .count();
+    report.truncated = (!opts.eos.is_empty()).then(|| {
+        (0..batch.len())
+            .filter(|&i| batch.truncated(i, &opts.eos))
+            .count()
+    });
     (batch, report)
 }
 

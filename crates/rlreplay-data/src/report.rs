@@ -106,8 +106,9 @@ pub struct ValidationReport {
     pub rows_read: usize,
     /// Rows dropped because they were bad (lenient reads only).
     pub rows_skipped: usize,
-    /// Rows whose response does not end with EOS (counted, not an error).
-    pub truncated: usize,
+    /// Rows whose response does not end with an end-of-sequence id (counted, not an error);
+    /// `None` when the read knew no such id.
+    pub truncated: Option<usize>,
     /// Number of issues of each kind.
     pub counts: BTreeMap<IssueKind, usize>,
     /// The first issues, in the order found.
@@ -137,7 +138,10 @@ impl ValidationReport {
     pub fn merge(&mut self, other: ValidationReport) {
         self.rows_read += other.rows_read;
         self.rows_skipped += other.rows_skipped;
-        self.truncated += other.truncated;
+        self.truncated = match (self.truncated, other.truncated) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
         for (k, n) in other.counts {
             *self.counts.entry(k).or_default() += n;
         }
@@ -151,7 +155,10 @@ impl fmt::Display for ValidationReport {
         writeln!(
             f,
             "rows read: {}, rows skipped: {}, truncated (no EOS): {}",
-            self.rows_read, self.rows_skipped, self.truncated
+            self.rows_read,
+            self.rows_skipped,
+            self.truncated
+                .map_or_else(|| "unknown".to_string(), |t| t.to_string())
         )?;
         if self.is_clean() {
             return writeln!(f, "no problems found");

@@ -25,8 +25,8 @@ pub struct AuditSums {
     pub response_tokens: u64,
     /// Longest response.
     pub resp_len_max: usize,
-    /// Rows without trailing EOS.
-    pub truncated: usize,
+    /// Rows without a trailing end-of-sequence id; `None` when no such id is known.
+    pub truncated: Option<usize>,
     /// Sum of all behaviour log-probs.
     pub logprob_sum: f64,
 }
@@ -46,8 +46,8 @@ fn sum_f64(xs: &[f32]) -> f64 {
 
 impl AuditSums {
     /// The sums of one batch; a response ending with none of the ids of `eos` counts as
-    /// truncated.
-    pub fn of_batch(b: &RolloutBatch, eos: &[u32]) -> Self {
+    /// truncated (not counted without `eos`).
+    pub fn of_batch(b: &RolloutBatch, eos: Option<&[u32]>) -> Self {
         let mut s = AuditSums {
             steps: 1,
             rows: b.len(),
@@ -55,13 +55,13 @@ impl AuditSums {
             prompt_tokens: b.prompt_tokens.len() as u64,
             response_tokens: b.response_tokens.len() as u64,
             logprob_sum: sum_f64(&b.rollout_log_probs),
+            truncated: eos.map(|eos| (0..b.len()).filter(|&i| b.truncated(i, eos)).count()),
             ..Self::default()
         };
         for i in 0..b.len() {
             s.resp_len_max = s
                 .resp_len_max
                 .max(b.response_offsets[i + 1] - b.response_offsets[i]);
-            s.truncated += usize::from(b.truncated(i, eos));
         }
         for g in b.groups() {
             let n = g.len() as f64;
@@ -75,6 +75,11 @@ impl AuditSums {
 
     /// Adds another step's (or set of steps') sums.
     pub fn merge(&mut self, o: &AuditSums) {
+        self.truncated = if self.steps == 0 {
+            o.truncated
+        } else {
+            self.truncated.zip(o.truncated).map(|(a, b)| a + b)
+        };
         self.steps += o.steps;
         self.rows += o.rows;
         self.groups += o.groups;
@@ -84,7 +89,6 @@ impl AuditSums {
         self.prompt_tokens += o.prompt_tokens;
         self.response_tokens += o.response_tokens;
         self.resp_len_max = self.resp_len_max.max(o.resp_len_max);
-        self.truncated += o.truncated;
         self.logprob_sum += o.logprob_sum;
     }
 
@@ -101,7 +105,7 @@ impl AuditSums {
             prompt_len_mean: div(self.prompt_tokens as f64, self.rows),
             resp_len_mean: div(self.response_tokens as f64, self.rows),
             resp_len_max: self.resp_len_max,
-            truncated: div(self.truncated as f64, self.rows),
+            truncated: self.truncated.map(|t| div(t as f64, self.rows)),
             logprob_mean: div(self.logprob_sum, self.response_tokens as usize),
         }
     }
@@ -128,8 +132,9 @@ pub struct AuditStats {
     pub resp_len_mean: f64,
     /// Longest response in tokens.
     pub resp_len_max: usize,
-    /// Fraction of rows whose response does not end with EOS.
-    pub truncated: f64,
+    /// Fraction of rows whose response does not end with an end-of-sequence id; `None` (JSON
+    /// `null`) when no such id is known.
+    pub truncated: Option<f64>,
     /// Mean behaviour log-prob over all response tokens.
     pub logprob_mean: f64,
 }
@@ -176,18 +181,25 @@ mod tests {
             None,
             None,
         );
-        let s = AuditSums::of_batch(&b, &[eos]).stats();
+        let s = AuditSums::of_batch(&b, Some(&[eos])).stats();
         assert_eq!((s.rows, s.groups, s.resp_len_max), (4, 2, 3));
         assert_eq!(s.group_size, 2.0);
         assert_eq!(s.score_mean, 0.5);
         assert_eq!((s.solve_all, s.solve_none), (0.5, 0.5));
         assert_eq!(s.prompt_len_mean, 1.5);
         assert_eq!(s.resp_len_mean, 2.0);
-        assert_eq!(s.truncated, 0.25);
+        assert_eq!(s.truncated, Some(0.25));
         assert_eq!(s.logprob_mean, -9.5 / 8.0);
-        let mut total = AuditSums::of_batch(&b, &[eos]);
-        total.merge(&AuditSums::of_batch(&b, &[eos]));
+        let mut total = AuditSums::default();
+        total.merge(&AuditSums::of_batch(&b, Some(&[eos])));
+        total.merge(&AuditSums::of_batch(&b, Some(&[eos])));
         let t = total.stats();
+        assert_eq!(t.truncated, Some(0.25));
+        // Unknown ids: truncation is not counted, in the step or in a total it joins.
+        assert_eq!(AuditSums::of_batch(&b, None).stats().truncated, None);
+        let mut mixed = total;
+        mixed.merge(&AuditSums::of_batch(&b, None));
+        assert_eq!(mixed.stats().truncated, None);
         assert_eq!((t.rows, t.groups), (8, 4));
         assert_eq!(t.logprob_mean, s.logprob_mean);
         assert_eq!(total.steps, 2);

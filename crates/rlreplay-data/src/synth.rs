@@ -15,6 +15,7 @@ use rand_distr::{Beta, Distribution, Exp, LogNormal};
 
 use crate::batch::RolloutBatch;
 use crate::error::{Error, Result};
+use crate::stop::StopIds;
 use crate::write::ShardWriter;
 
 /// Settings of a synthetic dataset.
@@ -169,14 +170,14 @@ pub fn generate(cfg: &SynthConfig, step: i64) -> Result<RolloutBatch> {
     Ok(b)
 }
 
-/// Writes `cfg.steps` shards into `dir` (`DIR/data/step-NNNN.parquet`), calling `progress` after
-/// each; returns the files written.
+/// Writes `cfg.steps` shards into `dir` (`DIR/data/step-NNNN.parquet`), each naming `cfg.eos` as
+/// the dataset's stop id, calling `progress` after each; returns the files written.
 pub fn write_dataset(
     dir: &Path,
     cfg: &SynthConfig,
     mut progress: impl FnMut(&Path),
 ) -> Result<Vec<PathBuf>> {
-    let writer = ShardWriter::new(dir);
+    let writer = ShardWriter::new(dir).stop_ids(StopIds::new([cfg.eos], "rlreplay synth"));
     let mut out = Vec::with_capacity(cfg.steps);
     for k in 0..cfg.steps {
         let batch = generate(cfg, cfg.first_step + k as i64)?;

@@ -7,19 +7,21 @@ pub use tokenizers::Tokenizer;
 use crate::error::{Error, Result};
 use crate::hub::{resolve_hub_path, HubPath};
 
-/// Where the Qwen3 tokenizer is installed inside a checkout (by `scripts/install-tokenizer.sh`).
-pub const DEFAULT_TOKENIZER: &str = ".cache/qwen3/tokenizer.json";
+/// Where the installed tokenizer lives under the cache directory (by
+/// `scripts/install-tokenizer.sh`).
+pub const DEFAULT_TOKENIZER: &str = "rlreplay/qwen3/tokenizer.json";
 
-/// The default tokenizer file: `$RLREPLAY_TOKENIZER`, else [`DEFAULT_TOKENIZER`] in the current
-/// directory or the nearest ancestor that has it.
+/// The installed tokenizer file: `$RLREPLAY_TOKENIZER`, else [`DEFAULT_TOKENIZER`] under
+/// `$XDG_CACHE_HOME` (default `~/.cache`). Never looked for around the working directory.
 pub fn default_tokenizer_path() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("RLREPLAY_TOKENIZER") {
+    if let Some(p) = std::env::var_os("RLREPLAY_TOKENIZER") {
         return Some(PathBuf::from(p));
     }
-    let cwd = std::env::current_dir().ok()?;
-    cwd.ancestors()
-        .map(|d| d.join(DEFAULT_TOKENIZER))
-        .find(|p| p.is_file())
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join(DEFAULT_TOKENIZER))
 }
 
 /// Loads a tokenizer from a `tokenizer.json` file, a directory holding one, or a hub model

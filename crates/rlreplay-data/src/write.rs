@@ -16,6 +16,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::batch::RolloutBatch;
 use crate::error::{Error, Result};
+use crate::stop::{StopIds, STOP_IDS_KEY};
 
 /// The canonical Arrow schema rlreplay writes.
 pub fn canonical_schema() -> Arc<Schema> {
@@ -46,11 +47,13 @@ pub fn shard_path(dir: &Path, step: i64) -> PathBuf {
     dir.join("data").join(format!("step-{step:04}.parquet"))
 }
 
-/// Writes shards into a dataset directory (zstd level 3 by default).
+/// Writes shards into a dataset directory (zstd level 3 by default), each naming the dataset's
+/// stop ids in its footer when they are given.
 #[derive(Debug, Clone)]
 pub struct ShardWriter {
     dir: PathBuf,
     zstd_level: i32,
+    stop: Option<StopIds>,
 }
 
 impl ShardWriter {
@@ -59,7 +62,14 @@ impl ShardWriter {
         Self {
             dir: dir.into(),
             zstd_level: 3,
+            stop: None,
         }
+    }
+
+    /// Names the ids that end a response in every shard's footer ([`STOP_IDS_KEY`]).
+    pub fn stop_ids(mut self, stop: StopIds) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// Sets the zstd compression level (1–22).
@@ -94,7 +104,14 @@ impl ShardWriter {
                     false,
                 )
             };
-            let mut props = WriterProperties::builder().set_compression(Compression::ZSTD(level));
+            let mut props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(level))
+                .set_key_value_metadata(self.stop.as_ref().map(|s| {
+                    vec![parquet::file::metadata::KeyValue::new(
+                        STOP_IDS_KEY.to_owned(),
+                        s.to_json(),
+                    )]
+                }));
             for c in [
                 "prompt_token_ids",
                 "response_token_ids",

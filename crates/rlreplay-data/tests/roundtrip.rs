@@ -12,7 +12,7 @@ use common::{small_batch, small_config, write_columns};
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_data::{
     read_footer, read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, IssueKind,
-    ReadOptions, StepRange,
+    ReadOptions, ShardWriter, StepRange, StopIds,
 };
 
 #[test]
@@ -74,7 +74,7 @@ fn write_then_read_is_identity() {
     assert_eq!(report.rows_read, 16);
     assert_eq!(
         report.truncated,
-        (0..b.len()).filter(|&i| b.truncated(i, &[999])).count()
+        Some((0..b.len()).filter(|&i| b.truncated(i, &[999])).count())
     );
     // No temp file left behind.
     let names: Vec<_> = std::fs::read_dir(dir.path().join("data"))
@@ -82,6 +82,36 @@ fn write_then_read_is_identity() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names.len(), 1);
+}
+
+/// Every shard rlreplay writes names its stop ids in its footer; shards written without them
+/// name none, and a footer value that does not parse is an error naming the file.
+#[test]
+fn datasets_carry_their_stop_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = SynthConfig {
+        steps: 2,
+        eos: 999,
+        ..small_config()
+    };
+    let files = write_dataset(dir.path(), &cfg, |_| {}).unwrap();
+    let ds = Dataset::open(dir.path().to_str().unwrap()).unwrap();
+    let named = StopIds::new([999], "rlreplay synth");
+    assert_eq!(ds.stop_ids().unwrap(), Some(named.clone()));
+    assert_eq!(read_footer(&files[1]).unwrap().stop_ids, Some(named));
+    let stop = StopIds::new([2, 7], "models/x");
+    let other = tempfile::tempdir().unwrap();
+    let b = small_batch();
+    ShardWriter::new(other.path())
+        .stop_ids(stop.clone())
+        .write(&b)
+        .unwrap();
+    let ds = Dataset::open(other.path().to_str().unwrap()).unwrap();
+    assert_eq!(ds.stop_ids().unwrap(), Some(stop));
+    let bare = tempfile::tempdir().unwrap();
+    write_shard(bare.path(), &b).unwrap();
+    let ds = Dataset::open(bare.path().to_str().unwrap()).unwrap();
+    assert_eq!(ds.stop_ids().unwrap(), None);
 }
 
 #[test]
@@ -191,14 +221,15 @@ fn synth_is_deterministic_and_shaped_like_the_seed() {
     );
     assert_eq!(a.len(), 32 * 16);
     assert_eq!(a.groups().len(), 32);
-    let s = AuditSums::of_batch(&a, &[cfg.eos]).stats();
+    let s = AuditSums::of_batch(&a, Some(&[cfg.eos])).stats();
     assert!(
         (1200.0..1600.0).contains(&s.resp_len_mean),
         "{}",
         s.resp_len_mean
     );
     assert!(s.resp_len_max <= 4096);
-    assert!(s.truncated > 0.0 && s.truncated < 0.05, "{}", s.truncated);
+    let t = s.truncated.unwrap();
+    assert!(t > 0.0 && t < 0.05, "{t}");
     assert!((s.logprob_mean + 1.0 / 3.0).abs() < 0.01);
     assert!(a
         .rollout_log_probs
@@ -305,7 +336,7 @@ fn aliases_int64_large_lists_masks_and_extra_columns() {
     assert_eq!(b.data_source, vec![None; 4]);
     // No policy_version column: every version is unknown, none is 0.
     assert_eq!(b.policy_version, vec![None; 4]);
-    assert_eq!(report.truncated, 2);
+    assert_eq!(report.truncated, Some(2));
 }
 
 #[test]

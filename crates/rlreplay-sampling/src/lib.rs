@@ -10,4 +10,4 @@ pub mod sampling;
 pub mod special;
 
 pub use error::{Error, Result};
-pub use special::stop_ids;
+pub use special::{stop_ids, stop_ids_from_files};

@@ -25,7 +25,7 @@ pub struct Args {
     #[command(flatten)]
     pub eos: EosArgs,
     /// Tokenizer or model (tokenizer.json, its directory, or hf://OWNER/NAME) whose directory
-    /// names the end-of-sequence ids (with --policy: the policy's directory).
+    /// names the end-of-sequence ids.
     #[arg(long)]
     pub tokenizer: Option<String>,
     /// Skip bad rows instead of stopping at the first problem.
@@ -74,7 +74,7 @@ mod policy;
 
 fn table_row(label: &str, s: &AuditStats) -> String {
     format!(
-        "{label:>8} {:>6} {:>6} {:>5.1} {:>6.3} {:>6.3} {:>6.3} {:>7.1} {:>8.1} {:>6} {:>6.4} {:>8.4}",
+        "{label:>8} {:>6} {:>6} {:>5.1} {:>6.3} {:>6.3} {:>6.3} {:>7.1} {:>8.1} {:>6} {:>6} {:>8.4}",
         s.rows,
         s.groups,
         s.group_size,
@@ -84,7 +84,7 @@ fn table_row(label: &str, s: &AuditStats) -> String {
         s.prompt_len_mean,
         s.resp_len_mean,
         s.resp_len_max,
-        s.truncated,
+        s.truncated.map_or_else(|| "?".into(), |t| format!("{t:.4}")),
         s.logprob_mean
     )
 }
@@ -94,11 +94,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.policy.policy.is_some() {
         return policy::run(args);
     }
-    let eos = args.eos.resolve(args.tokenizer.as_deref())?;
     let ds = Dataset::open_steps(&args.path, args.steps)?;
+    let eos = args
+        .eos
+        .resolve(args.tokenizer.as_deref(), Some(&ds), None)?;
+    let eos_ids = eos.as_ref().map(|e| e.ids.as_slice());
     let opts = ReadOptions {
         lenient: args.lenient,
-        eos: eos.ids.clone(),
+        eos: eos_ids.unwrap_or_default().to_vec(),
         vocab: None,
     };
     let shards = ds.steps();
@@ -128,7 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut steps = ds.iter(StepRange::ALL, opts);
     while let Some(item) = steps.next() {
         let (batch, report) = item?;
-        let sums = AuditSums::of_batch(&batch, &eos.ids);
+        let sums = AuditSums::of_batch(&batch, eos_ids);
         total.merge(&sums);
         skipped += report.rows_skipped;
         let stats = sums.stats();
@@ -174,7 +177,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         writeln!(out)?;
     } else {
         writeln!(out, "{}", table_row("all", &stats))?;
-        writeln!(out, "{eos}")?;
+        match &eos {
+            Some(eos) => writeln!(out, "{eos}")?,
+            None => writeln!(out, "{}", super::eos::UNKNOWN)?,
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

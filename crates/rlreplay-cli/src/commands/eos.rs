@@ -1,20 +1,23 @@
 //! The end-of-sequence ids of the commands that read or write rollouts without a model to train
-//! (`validate`, `audit`, `show`, `synth`): `--eos`, else the ids the tokenizer's (or model's)
-//! directory names, else those of the installed tokenizer; never a built-in constant.
+//! (`validate`, `audit`, `show`, `synth`): `--eos`, else the ids the user's tokenizer (or model)
+//! directory names, the dataset names, the policy names, the installed tokenizer names; never a
+//! built-in constant, and never a tokenizer found by looking around the working directory.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rlreplay_data::{default_tokenizer_path, load_tokenizer, resolve_hub_path, HubPath};
+use rlreplay_data::{default_tokenizer_path, resolve_hub_path, Dataset, HubPath};
 
 /// `--eos`, shared by the commands that tell truncated responses.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct EosArgs {
     /// End-of-sequence ids, comma-separated: a response ending with none of them counts as
-    /// truncated. Default: the ids named by the --tokenizer directory (or the policy's) in
-    /// generation_config.json / config.json (`eos_token_id`) and tokenizer_config.json
-    /// (`eos_token`, `pad_token`), else by the installed tokenizer's directory
-    /// ($RLREPLAY_TOKENIZER or .cache/qwen3).
+    /// truncated. Default, first found: the ids the --tokenizer directory names
+    /// (`eos_token_id` of generation_config.json / config.json, `eos_token` and `pad_token` of
+    /// tokenizer_config.json), those the dataset's shards name (rlreplay writes them into every
+    /// shard), the policy's (audit --policy), then the installed tokenizer's
+    /// ($RLREPLAY_TOKENIZER, else ~/.cache/rlreplay/qwen3). Without any, truncation is reported
+    /// as unknown.
     #[arg(long, value_delimiter = ',', value_name = "ID[,ID...]")]
     pub eos: Vec<u32>,
 }
@@ -24,7 +27,7 @@ pub struct EosArgs {
 pub struct Eos {
     /// The ids.
     pub ids: Vec<u32>,
-    /// `--eos`, or the directory that named them.
+    /// `--eos`, or the directory or dataset that named them.
     pub from: String,
 }
 
@@ -40,28 +43,57 @@ impl std::fmt::Display for Eos {
     }
 }
 
+/// What a report says when no end-of-sequence id is known.
+pub const UNKNOWN: &str = "end of sequence: unknown (pass --eos ID[,ID...] or --tokenizer DIR; \
+                           the dataset names none): truncation not counted";
+
 impl EosArgs {
-    /// The ids: `--eos`, else those `dir` names (a tokenizer or model: a `tokenizer.json` file,
-    /// its directory, or `hf://OWNER/NAME`), else those of the installed tokenizer's directory.
-    /// Without any of them, an error naming `--eos` and `--tokenizer`.
-    pub fn resolve(&self, dir: Option<&str>) -> Result<Eos> {
+    /// The ids, first found: `--eos`; those the directory the user named (`said`: a tokenizer or
+    /// model, a `tokenizer.json` file, its directory, or `hf://OWNER/NAME`) names, an error when
+    /// it names none; those the dataset's shards name; those the `model` directory names; those
+    /// of the installed tokenizer's directory. `None` when nothing names any. Never loads a
+    /// tokenizer: the special-token files are read for the ids alone.
+    pub fn resolve(
+        &self,
+        said: Option<&str>,
+        dataset: Option<&Dataset>,
+        model: Option<&Path>,
+    ) -> Result<Option<Eos>> {
         if !self.eos.is_empty() {
-            return Ok(Eos {
+            return Ok(Some(Eos {
                 ids: self.eos.clone(),
                 from: "--eos".into(),
-            });
+            }));
         }
-        if let Some(spec) = dir {
-            return named_by(spec);
+        if let Some(spec) = said {
+            let eos = named_by(spec)?;
+            if eos.ids.is_empty() {
+                bail!(
+                    "{}: names no end-of-sequence token (eos_token_id in config.json or \
+                     generation_config.json, eos_token in tokenizer_config.json); pass --eos \
+                     ID[,ID...]",
+                    eos.from
+                );
+            }
+            return Ok(Some(eos));
         }
-        match default_tokenizer_path().filter(|p| p.is_file()) {
-            Some(p) => named_by(&p.to_string_lossy()),
-            None => bail!(
-                "no end-of-sequence id: pass --eos ID[,ID...], or --tokenizer with a tokenizer or \
-                 model directory that names it (no installed tokenizer was found: \
-                 $RLREPLAY_TOKENIZER or .cache/qwen3/tokenizer.json)"
-            ),
+        if let Some(stop) = dataset.map(Dataset::stop_ids).transpose()?.flatten() {
+            return Ok(Some(Eos {
+                ids: stop.ids,
+                from: format!("the dataset; written by {}", stop.from),
+            }));
         }
+        for dir in model
+            .map(Path::to_path_buf)
+            .into_iter()
+            .chain(default_tokenizer_path().filter(|p| p.is_file()))
+        {
+            let eos = named_by(&dir.to_string_lossy())?;
+            if !eos.ids.is_empty() {
+                return Ok(Some(eos));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -73,7 +105,7 @@ fn special_file(name: &str) -> bool {
     )
 }
 
-/// The end-of-sequence ids a tokenizer or model names.
+/// The end-of-sequence ids a tokenizer or model names (none when it names none).
 fn named_by(spec: &str) -> Result<Eos> {
     let dir: PathBuf = if HubPath::parse(spec).is_some() {
         resolve_hub_path(spec, &special_file)?
@@ -88,19 +120,8 @@ fn named_by(spec: &str) -> Result<Eos> {
     if !dir.is_dir() {
         bail!("{}: no such tokenizer or model directory", dir.display());
     }
-    let tokenizer = match dir.join("tokenizer.json") {
-        t if t.is_file() => Some(load_tokenizer(&t.to_string_lossy())?),
-        _ => None,
-    };
-    let ids = rlreplay_sampling::stop_ids(&dir, tokenizer.as_ref())
+    let ids = rlreplay_sampling::stop_ids_from_files(&dir)
         .with_context(|| format!("reading the special tokens of {}", dir.display()))?;
-    if ids.is_empty() {
-        bail!(
-            "{}: names no end-of-sequence token (eos_token_id in config.json or \
-             generation_config.json, eos_token in tokenizer_config.json); pass --eos ID[,ID...]",
-            dir.display()
-        );
-    }
     Ok(Eos {
         ids,
         from: dir.display().to_string(),

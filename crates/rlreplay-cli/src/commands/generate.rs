@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use rlreplay_data::{write_shard, RolloutBatch};
+use rlreplay_data::{RolloutBatch, ShardWriter, StopIds};
 use rlreplay_eval::dataset::{read_prompts, PromptItem};
 use rlreplay_eval::pipeline::{score_generations, Policy};
 use rlreplay_eval::scoring::Scorer;
@@ -237,7 +237,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let path = write_shard(&args.out, &batch)?;
+    let from = match &args.sampling.stop_ids {
+        Some(_) => "--stop-ids".to_string(),
+        None => args.sampling.model.display().to_string(),
+    };
+    let path = ShardWriter::new(&args.out)
+        .stop_ids(StopIds::new(params.stop_ids.clone(), from))
+        .write(&batch)?;
     eprintln!(
         "wrote {} rows ({} prompts x {}) to {}: {tokens} response tokens, {truncated} truncated, \
          {scored} scored{}",

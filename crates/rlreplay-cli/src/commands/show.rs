@@ -45,13 +45,15 @@ fn ids(t: &[u32]) -> String {
 
 /// Runs `rlreplay show`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let eos = args.eos.resolve(args.tokenizer.as_deref())?;
     let range = args.step.map_or(StepRange::ALL, |s| StepRange::new(s, s));
     let ds = Dataset::open_steps(&args.path, range)?;
+    let eos = args
+        .eos
+        .resolve(args.tokenizer.as_deref(), Some(&ds), None)?;
     let step = ds.steps()[0].0;
     let opts = ReadOptions {
         lenient: args.lenient,
-        eos: eos.ids.clone(),
+        eos: eos.as_ref().map(|e| e.ids.clone()).unwrap_or_default(),
         vocab: None,
     };
     let (b, _) = ds.read_step(step, &opts)?;
@@ -82,9 +84,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "lengths:     prompt {}   response {}   truncated: {}",
         prompt.len(),
         response.len(),
-        b.truncated(i, &eos.ids)
+        eos.as_ref()
+            .map_or_else(|| "unknown".into(), |e| b.truncated(i, &e.ids).to_string())
     );
-    println!("             {eos}");
+    match &eos {
+        Some(eos) => println!("             {eos}"),
+        None => println!("             {}", super::eos::UNKNOWN),
+    }
     println!(
         "log-probs:   sum {sum:.4}   mean {:.4}   min {min:.4}   max {max:.4}",
         sum / n

@@ -101,7 +101,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (eos, from) = match (args.eos, &args.tokenizer) {
         (Some(id), _) => (id, "--eos".to_string()),
         (None, Some(t)) => {
-            let named = EosArgs::default().resolve(Some(t))?;
+            let named = EosArgs::default()
+                .resolve(Some(t), None, None)?
+                .context("the --tokenizer directory names no end-of-sequence id")?;
             (named.ids[0], named.from)
         }
         (None, None) => (

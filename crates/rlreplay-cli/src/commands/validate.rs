@@ -30,7 +30,6 @@ pub struct Args {
 
 /// Runs `rlreplay validate`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let eos = args.eos.resolve(args.tokenizer.as_deref())?;
     let ds = match Dataset::open_steps(&args.path, args.steps) {
         Ok(ds) => ds,
         Err(e) => {
@@ -38,9 +37,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
+    let eos = args
+        .eos
+        .resolve(args.tokenizer.as_deref(), Some(&ds), None)?;
     let opts = ReadOptions {
         lenient: args.lenient,
-        eos: eos.ids.clone(),
+        eos: eos.as_ref().map(|e| e.ids.clone()).unwrap_or_default(),
         vocab: args.vocab,
     };
     let shards = ds.steps();
@@ -67,7 +69,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    println!("{} shard(s) checked; {eos}", shards.len());
+    match &eos {
+        Some(eos) => println!("{} shard(s) checked; {eos}", shards.len()),
+        None => println!("{} shard(s) checked; {}", shards.len(), super::eos::UNKNOWN),
+    }
     print!("{total}");
     if failed_files > 0 {
         println!("FAILED: {failed_files} shard(s) with problems");

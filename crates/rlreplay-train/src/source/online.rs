@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use rlreplay_data::{write_shard, RolloutBatch};
+use rlreplay_data::{RolloutBatch, ShardWriter, StopIds};
 use rlreplay_dist::wire::{Reader, Writer};
 use rlreplay_dist::Collective;
 use rlreplay_model::generate::Decoder;
@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use super::remote::{Remote, RemoteSamples};
 use super::share::{self, Scored};
 use super::{RolloutSource, RolloutStep, SourceContext, StepText};
-use crate::config::{RolloutBackend, RolloutSection};
+use crate::config::{Config, RolloutBackend, RolloutSection};
 use crate::error::{Error, Result};
 use crate::prompts::{reward_of, training_prompts, Prompt, RewardFailure};
 use crate::rundir::Metrics;
@@ -122,6 +122,8 @@ pub struct OnlineSource {
     prompts: Vec<Prompt>,
     rollout: RolloutSection,
     stop_ids: Vec<u32>,
+    /// The stop ids as every rollout shard names them.
+    stop: StopIds,
     train_batch_size: usize,
     shuffle: bool,
     seed: u64,
@@ -143,6 +145,15 @@ pub struct OnlineSource {
     comm: Rc<dyn Collective>,
 }
 
+/// What named the stop ids, as the rollout shards record it.
+fn stop_from(cfg: &Config) -> String {
+    match (&cfg.data.eos_token_id, &cfg.model.path) {
+        (Some(_), _) => "[data] eos_token_id".into(),
+        (None, Some(p)) => p.display().to_string(),
+        (None, None) => "the run's initial model".into(),
+    }
+}
+
 impl OnlineSource {
     /// Reads and encodes the training prompts and sets up the rewards.
     pub fn open(ctx: &SourceContext<'_>) -> Result<Self> {
@@ -161,6 +172,7 @@ impl OnlineSource {
             prompts,
             rollout: cfg.rollout.clone(),
             stop_ids: ctx.stop_ids.to_vec(),
+            stop: StopIds::new(ctx.stop_ids, stop_from(cfg)),
             train_batch_size: cfg.batch.train_batch_size,
             shuffle: cfg.data.shuffle,
             seed: cfg.trainer.seed,
@@ -471,7 +483,10 @@ impl RolloutSource for OnlineSource {
         );
         metrics.insert("train/epoch".into(), self.state.sampler.epoch as f64);
         if self.comm.is_root() {
-            write_shard(&self.rollouts, &batch).map_err(|e| Error::WriteRollouts(Box::new(e)))?;
+            ShardWriter::new(&self.rollouts)
+                .stop_ids(self.stop.clone())
+                .write(&batch)
+                .map_err(|e| Error::WriteRollouts(Box::new(e)))?;
         }
         Ok(RolloutStep {
             truncated: rows.iter().map(|s| s.generation.truncated).collect(),

@@ -347,12 +347,18 @@ fn check(args: &Args, policy: &Path, comm: &dyn Collective) -> Result<Checked> {
     }
     let model_cfg = ModelConfig::from_hf_json(policy.join("config.json"))
         .with_context(|| format!("reading the policy {}", policy.display()))?;
-    let tokenizer = args
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| policy.to_string_lossy().into_owned());
-    let eos = args.eos.resolve(Some(&tokenizer))?.ids;
     let ds = Dataset::open_steps(&args.path, args.steps)?;
+    let eos = args
+        .eos
+        .resolve(args.tokenizer.as_deref(), Some(&ds), Some(policy))?
+        .with_context(|| {
+            format!(
+                "no end-of-sequence id: the dataset and the policy {} name none; pass --eos \
+                 ID[,ID...] or --tokenizer",
+                policy.display()
+            )
+        })?
+        .ids;
     check_shards(&ds, &model_cfg, policy)?;
     Ok(Checked {
         cfg,
@@ -477,7 +483,7 @@ fn audit(args: &Args, policy: &Path, comm: &dyn Collective) -> Result<ExitCode> 
             let step = audit
                 .add(&batch, &lp)
                 .with_context(|| batch.source.display().to_string())?;
-            let sums = AuditSums::of_batch(&batch, eos);
+            let sums = AuditSums::of_batch(&batch, Some(eos));
             logged_sums.merge(&sums);
             bar.suspend(|| -> Result<()> {
                 if args.json {
