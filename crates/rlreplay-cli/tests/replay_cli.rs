@@ -375,6 +375,60 @@ fn a_zero_row_shard_is_refused_instead_of_a_nan_loss() {
     }
 }
 
+/// A row the trainer refuses (an empty prompt) is refused by `validate` with the same words, by
+/// `replay` with its file, row and column; the failed replay leaves nothing that blocks the
+/// next attempt once the data is fixed.
+#[test]
+fn validate_refuses_what_replay_refuses_and_a_failed_start_blocks_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 2);
+    let data = tmp.path().join("data");
+    let shard = data.join("data/step-0001.parquet");
+    let good = std::fs::read(&shard).unwrap();
+    let opts = rlreplay_data::ReadOptions::new([1]);
+    let (b, _) = rlreplay_data::read_shard(&shard, 1, &opts).unwrap();
+    let mut bad = rlreplay_data::RolloutBatch::empty(1);
+    for i in 0..b.len() {
+        let prompt: &[u32] = if i == 3 { &[] } else { b.prompt(i) };
+        bad.push_row(
+            &b.uids[i],
+            prompt,
+            b.response(i),
+            b.log_probs(i),
+            b.scores[i],
+            None,
+            None,
+            None,
+            None,
+        );
+    }
+    rlreplay_data::write_shard(&data, &bad).unwrap();
+    let words = "the prompt is empty, so the first response token has no context";
+    let o = rlreplay(&["validate", &data.to_string_lossy(), "--eos", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(words) && out.contains("step-0001.parquet") && out.contains("row 3"),
+        "{out}"
+    );
+    let run = tmp.path().join("run");
+    let run_s = run.to_string_lossy();
+    let o = rlreplay(&["replay", "--config", &cfg, "--out", &run_s, "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains(words) && e.contains("step-0001.parquet") && e.contains("row 3"),
+        "{e}"
+    );
+    std::fs::write(&shard, good).unwrap();
+    let o = rlreplay(&["replay", "--config", &cfg, "--out", &run_s, "--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A run that has logged a step still refuses a fresh start.
+    let o = rlreplay(&["replay", "--config", &cfg, "--out", &run_s, "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("already holds a run"), "{}", stderr(&o));
+}
+
 /// A tmpfs mounted for the life of the value.
 struct Tmpfs(PathBuf);
 

@@ -795,6 +795,7 @@ fn check(
         report.push(Issue::new(path, Some(row), Some(col), kind, msg));
     };
     let resp_col = d.names.response.as_str();
+    let prompt_col = d.names.prompt.as_str();
     let lp_col = d.names.log_probs.as_str();
     let score_col = d.names.score.as_str();
     let span = |o: &[usize], r: usize| -> Range<usize> { o[r]..o[r + 1] };
@@ -810,6 +811,15 @@ fn check(
                 resp_col,
                 IssueKind::EmptyResponse,
                 "empty response".into(),
+            );
+        }
+        if span(&d.prompt_offsets, r).is_empty() {
+            flag(
+                &mut report,
+                r,
+                prompt_col,
+                IssueKind::EmptyPrompt,
+                "the prompt is empty, so the first response token has no context".into(),
             );
         }
         if resp.len() != lps.len() {

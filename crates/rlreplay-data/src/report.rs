@@ -25,6 +25,8 @@ pub enum IssueKind {
     NullValue,
     /// A response has no tokens.
     EmptyResponse,
+    /// A prompt has no tokens (nothing predicts the first response token).
+    EmptyPrompt,
     /// Response ids and log-probs (or a mask) differ in length.
     LengthMismatch,
     /// A log-prob is NaN, infinite or positive.

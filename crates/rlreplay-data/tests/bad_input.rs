@@ -144,6 +144,42 @@ fn empty_response() {
     );
 }
 
+/// A row the trainer cannot score is refused by every read, with the trainer's words.
+#[test]
+fn empty_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = small_batch();
+    let mut e = RolloutBatch::empty(1);
+    for i in 0..b.len() {
+        let p: &[u32] = if i == 5 { &[] } else { b.prompt(i) };
+        e.push_row(
+            &b.uids[i],
+            p,
+            b.response(i),
+            b.log_probs(i),
+            b.scores[i],
+            None,
+            None,
+            None,
+            None,
+        );
+    }
+    let path = shard(dir.path(), &e);
+    let msg = expect_issue(
+        &path,
+        &strict(),
+        IssueKind::EmptyPrompt,
+        Some(5),
+        Some("prompt_token_ids"),
+    );
+    assert!(
+        msg.contains("the prompt is empty, so the first response token has no context"),
+        "{msg}"
+    );
+    let report = validate_shard(&path, 1, &strict());
+    assert_eq!(report.counts.get(&IssueKind::EmptyPrompt), Some(&1));
+}
+
 #[test]
 fn token_ids_at_or_above_vocab() {
     let dir = tempfile::tempdir().unwrap();

@@ -163,9 +163,19 @@ pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
 
 /// Refuses a fresh start in `dir` when it already holds a run, with or without a checkpoint (its
 /// `metrics.jsonl` would otherwise be truncated): `--resume` continues it, another `--out` starts
-/// elsewhere. Both training fronts call it before writing anything.
+/// elsewhere. Both training fronts call it before writing anything. A run holds something once
+/// it has logged a step or saved a checkpoint: what a run that failed before its first step left
+/// (empty logs, an empty `checkpoints/`) does not block the next attempt.
 pub fn refuse_existing_run(dir: &Path) -> Result<()> {
-    if dir.join("metrics.jsonl").exists() || dir.join("checkpoints").is_dir() {
+    let logged = |name: &str, header_lines: usize| {
+        fs::read(dir.join(name))
+            .map(|b| b.split(|&c| c == b'\n').filter(|l| !l.is_empty()).count() > header_lines)
+            .unwrap_or(false)
+    };
+    let checkpointed = fs::read_dir(dir.join("checkpoints"))
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    if logged("metrics.jsonl", 0) || logged("training_scores.csv", 1) || checkpointed {
         return Err(Error::ExistingRun {
             dir: dir.to_owned(),
         });
