@@ -25,9 +25,9 @@
 //! side is written with `\pi`, a numeral with a base subscript against a plain gold number, a
 //! one-variable relation (`x \neq 2`, `1<|x|<3`, `y \ge 0`) or alternatives joined by `or`
 //! (`x < -1 \text{ or } x > 2`) against the set they describe on either side, a column or row
-//! vector against a tuple, renamed summation indices, a binomial coefficient with a symbolic top
-//! against its product form, the symbol `i` as the imaginary unit when the other side is complex,
-//! and an option letter (`\textbf{(C)}\ 12`, `the answer is C`) against a gold option letter.
+//! vector against a tuple, renamed summation indices, the symbol `i` as the imaginary unit when
+//! the other side is complex, and an option letter (`\textbf{(C)}\ 12`, `the answer is C`)
+//! against a gold option letter.
 //! Expanded and factored forms of a polynomial are equal (no problem text says which is asked).
 //!
 //! A decimal stands for an exact gold value only when it is that value exactly: `0.5` is
@@ -38,7 +38,7 @@ use std::sync::LazyLock;
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
-use num_traits::{One, ToPrimitive};
+use num_traits::ToPrimitive;
 use regex::{Captures, Regex};
 
 use crate::compare::{contains_float, expr_eq, relation_as_set};
@@ -722,17 +722,12 @@ fn sets_equal(g: &Expr, p: &Expr, b: &Budget) -> Result<bool, Stop> {
     expr_eq(g, p, b)
 }
 
-/// `e` with the index of every `\sum`/`\prod` renamed to one name, every binomial coefficient
-/// with a symbolic top as its product form and, when `complex`, the symbol `i` as the imaginary
-/// unit.
+/// `e` with the index of every `\sum`/`\prod` renamed to one name and, when `complex`, the
+/// symbol `i` as the imaginary unit.
 fn canonical(e: &Expr, complex: bool) -> Expr {
     let rec = |x: &Expr| canonical(x, complex);
     match e {
         Expr::Sym(s) if complex && s == "i" => Expr::I,
-        Expr::Func(name, args) if name == "binomial" && args.len() == 2 => {
-            let args: Vec<Expr> = args.iter().map(rec).collect();
-            binomial_product(&args[0], &args[1]).unwrap_or_else(|| Expr::Func(name.clone(), args))
-        }
         Expr::Func(name, args) if (name == "sum" || name == "product") && args.len() == 4 => {
             let mut args: Vec<Expr> = args.iter().map(rec).collect();
             if let Expr::Sym(k) = &args[1] {
@@ -759,25 +754,6 @@ fn canonical(e: &Expr, complex: bool) -> Expr {
         }
         other => other.clone(),
     }
-}
-
-/// Most factors of a binomial coefficient written as a product.
-const MAX_BINOMIAL_K: i64 = 12;
-
-/// `\binom{n}{k}` with a symbolic `n` and an integer `0 <= k <= 12` as
-/// `n (n-1) ⋯ (n-k+1) / k!`.
-fn binomial_product(n: &Expr, k: &Expr) -> Option<Expr> {
-    let Expr::Num(k) = k else { return None };
-    let k = k.is_integer().then(|| k.to_integer().to_i64()).flatten()?;
-    if !has_symbols(n) || !(0..=MAX_BINOMIAL_K).contains(&k) {
-        return None;
-    }
-    let fact: BigInt = (1..=k).map(BigInt::from).product();
-    let mut factors = vec![Expr::Num(
-        BigRational::one() / BigRational::from_integer(fact),
-    )];
-    factors.extend((0..k).map(|j| Expr::minus(n.clone(), Expr::int(j))));
-    Some(Expr::Mul(factors))
 }
 
 /// `e` with the symbol `from` replaced by `to`, also in subscripts (`x_{k}` is the symbol
@@ -980,10 +956,6 @@ mod tests {
         assert!(intent("(x+1)^2", "$\\boxed{x^2+2x+1}$"));
         assert!(intent("(x-1)(x+2)", "Factoring, $\\boxed{x^2+x-2}$."));
         assert!(!intent("(x+2)(x-3)", "$\\boxed{x^2+x-6}$"));
-        let n = Expr::Sym("n".into());
-        assert!(binomial_product(&n, &Expr::int(2)).is_some());
-        assert!(binomial_product(&Expr::int(5), &Expr::int(2)).is_none());
-        assert!(binomial_product(&n, &Expr::int(13)).is_none());
         assert!(intent("\\frac{n(n-1)}{2}", "$\\boxed{\\binom{n}{2}}$"));
         assert!(intent("\\binom{n}{3}", "$\\boxed{\\frac{n^3-3n^2+2n}{6}}$"));
         assert!(!intent("\\binom{n}{2}", "$\\boxed{\\frac{n^2+n}{2}}$"));
