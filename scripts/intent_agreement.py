@@ -7,9 +7,11 @@ endings written by hand, one JSON object a line: {"id", "category", "gold", "pre
 gold answer `gold`?) and `reason` says why. Judging rules: the final stated answer counts (a
 later correction overrides an earlier box, hedging between values is wrong, an intermediate value
 or a truncated response is wrong); equal values in another form are right (order of terms,
-unreduced fractions, exact decimals, units, number words, `x=` prefixes), except where the gold's
-form is the point (a factored gold asks for a factorisation, a numeral with a base subscript asks
-for that base); rounded decimals of exact answers are wrong.
+unreduced fractions, exact decimals, units and degree marks, number words, `x=` prefixes, Unicode
+minus signs, spaced digit groups, expanded or factored polynomials, since the problem text is not
+at hand, inequalities joined by "or" for a union of intervals), except where the gold's form is the
+point (a numeral with a base subscript asks for that base); an option letter answers a gold option
+letter whatever value follows it; rounded or truncated decimals of exact answers are wrong.
 
 Sub-commands:
 

@@ -533,7 +533,8 @@ fn compare_symbols(gold: &Expr, pred: &Expr) -> bool {
     sympy_str(gold) == sympy_str(pred)
 }
 
-fn contains_float(e: &Expr) -> bool {
+/// True when `e` holds a decimal literal.
+pub(crate) fn contains_float(e: &Expr) -> bool {
     match e {
         Expr::Float(_) => true,
         Expr::Add(v) | Expr::Mul(v) | Expr::Func(_, v) => v.iter().any(contains_float),

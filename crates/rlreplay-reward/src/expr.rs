@@ -158,6 +158,8 @@ const MAX_EXACT_EXP: u64 = 4096;
 const MAX_BITS: u64 = 1 << 16;
 /// Largest argument of an exact factorial.
 const MAX_FACTORIAL: u64 = 2000;
+/// Most factors of a binomial coefficient evaluated as a falling factorial.
+const MAX_BINOMIAL_FACTORS: f64 = 10_000.0;
 
 impl Expr {
     /// An integer literal.
@@ -633,8 +635,16 @@ fn eval_func(name: &str, v: &[f64]) -> Option<f64> {
         "ceil" => one(f64::ceil)?,
         "factorial" if v.len() == 1 => factorial_f64(v[0])?,
         "binomial" if v.len() == 2 => {
+            // sympy's binomial with an integer `k >= 0`: the falling factorial of `n` (any real
+            // `n`) over `k!`.
             let (n, k) = (v[0], v[1]);
-            if n.fract() != 0.0 || k.fract() != 0.0 || k < 0.0 || n > 1e6 {
+            if k.fract() != 0.0 || k < 0.0 || !n.is_finite() || n > 1e6 {
+                return None;
+            }
+            if n.fract() == 0.0 && n >= 0.0 && k > n {
+                return Some(0.0);
+            }
+            if k > MAX_BINOMIAL_FACTORS {
                 return None;
             }
             let mut acc = 1.0;
@@ -648,4 +658,20 @@ fn eval_func(name: &str, v: &[f64]) -> Option<f64> {
         _ => return None,
     };
     (!r.is_nan()).then_some(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// sympy's `binomial(n, k)` for an integer `k >= 0`, also at a non-integer `n`.
+    #[test]
+    fn binomial_values() {
+        assert_eq!(eval_func("binomial", &[5.0, 2.0]), Some(10.0));
+        assert_eq!(eval_func("binomial", &[2.5, 2.0]), Some(1.875));
+        assert_eq!(eval_func("binomial", &[-3.0, 2.0]), Some(6.0));
+        assert_eq!(eval_func("binomial", &[3.0, 5.0]), Some(0.0));
+        assert_eq!(eval_func("binomial", &[2.5, 0.5]), None);
+        assert_eq!(eval_func("binomial", &[2.5, 1e9]), None);
+    }
 }

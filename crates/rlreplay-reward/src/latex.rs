@@ -181,8 +181,13 @@ fn parse_with(text: &str, complex: bool, python: bool, budget: &Budget) -> Resul
         };
         return number_from_str(&t);
     }
+    let s = if python {
+        text.chars().collect()
+    } else {
+        lexer_unicode(text)
+    };
     let mut p = Parser {
-        s: text.chars().collect(),
+        s,
         pos: 0,
         depth: 0,
         complex,
@@ -206,6 +211,96 @@ fn parse_with(text: &str, complex: bool, python: bool, budget: &Budget) -> Resul
         return Err(budget.bound());
     }
     Ok(e)
+}
+
+/// The LaTeX that latex2sympy's lexer reads a Unicode character as, for the characters it has a
+/// token for (operators, relations, Greek letters, sets); any other character is kept.
+fn unicode_token(c: char) -> Option<&'static str> {
+    Some(match c {
+        '\u{2212}' | '\u{2238}' => "-",
+        '\u{2214}' | '\u{2295}' | '\u{229e}' => "+",
+        '\u{d7}' | '\u{2217}' | '\u{2218}' | '\u{2219}' | '\u{2297}' | '\u{22a0}' | '\u{22a1}'
+        | '\u{22c4}' | '\u{22c5}' | '\u{22c6}' | '\u{22c8}' | '\u{22c9}' | '\u{22ca}' => "*",
+        '\u{f7}' | '\u{2215}' => "/",
+        '\u{2264}' | '\u{2266}' | '\u{2272}' | '\u{227e}' => "\\le ",
+        '\u{2265}' | '\u{2267}' | '\u{2273}' | '\u{227f}' => "\\ge ",
+        '\u{226a}' | '\u{227a}' | '\u{22d6}' => "<",
+        '\u{226b}' | '\u{227b}' | '\u{22d7}' => ">",
+        '\u{2260}' | '\u{2241}' | '\u{2244}' | '\u{2247}' | '\u{2249}' | '\u{2262}' => "\\ne ",
+        '\u{2243}' | '\u{2245}' | '\u{2248}' | '\u{224a}' | '\u{224b}' => "\\approx ",
+        '\u{224e}'..='\u{2257}' | '\u{225f}' | '\u{2261}' | '\u{2263}' => "=",
+        '\u{b1}' | '\u{2213}' => "\\pm ",
+        '\u{2205}' => "\\emptyset ",
+        '\u{211d}' => "\\mathbb{R}",
+        '\u{2124}' => "\\mathbb{Z}",
+        '\u{2115}' => "\\mathbb{N}",
+        '\u{211a}' => "\\mathbb{Q}",
+        '\u{2102}' => "\\mathbb{C}",
+        '\u{222a}' => "\\cup ",
+        '\u{2229}' => "\\cap ",
+        '\u{2216}' => "\\setminus ",
+        _ => return greek_letter(c),
+    })
+}
+
+/// The command of a Greek letter latex2sympy's lexer reads as one (its symbol names).
+fn greek_letter(c: char) -> Option<&'static str> {
+    Some(match c {
+        'α' => "\\alpha ",
+        'β' => "\\beta ",
+        'γ' => "\\gamma ",
+        'Γ' => "\\Gamma ",
+        'δ' => "\\delta ",
+        'Δ' => "\\Delta ",
+        'ε' => "\\epsilon ",
+        'ϵ' => "\\varepsilon ",
+        'ζ' => "\\zeta ",
+        'η' => "\\eta ",
+        'θ' => "\\theta ",
+        'Θ' => "\\Theta ",
+        'ϑ' => "\\vartheta ",
+        'ι' => "\\iota ",
+        'κ' => "\\kappa ",
+        'λ' => "\\lambda ",
+        'Λ' => "\\Lambda ",
+        'μ' => "\\mu ",
+        'ν' => "\\nu ",
+        'ξ' => "\\xi ",
+        'Ξ' => "\\Xi ",
+        'ο' => "\\omicron ",
+        'π' => "\\pi ",
+        'Π' => "\\Pi ",
+        'ϖ' => "\\varpi ",
+        'ρ' => "\\rho ",
+        'ϱ' => "\\varrho ",
+        'σ' => "\\sigma ",
+        'Σ' => "\\Sigma ",
+        'ς' => "\\varsigma ",
+        'τ' => "\\tau ",
+        'υ' => "\\upsilon ",
+        'Υ' => "\\Upsilon ",
+        'φ' => "\\phi ",
+        'Φ' => "\\Phi ",
+        'ϕ' => "\\varphi ",
+        'χ' => "\\chi ",
+        'ψ' => "\\psi ",
+        'Ψ' => "\\Psi ",
+        'ω' => "\\omega ",
+        'Ω' => "\\Omega ",
+        _ => return None,
+    })
+}
+
+/// `text` as latex2sympy's lexer reads it: each character with a Unicode token as its LaTeX.
+fn lexer_unicode(text: &str) -> Vec<char> {
+    let mut out = Vec::with_capacity(text.len());
+    for c in text.chars() {
+        match unicode_token(c) {
+            Some(t) => out.extend(t.chars()),
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 /// The element of a one-element list, else the set of the elements.
@@ -599,7 +694,7 @@ impl Parser<'_> {
                 self.pos += 1;
                 Some(Rel::Op(RelOp::Ne))
             }
-            '<' | '≤' if self.s.get(self.pos + 1) == Some(&'=') && c == '<' => {
+            '<' if self.s.get(self.pos + 1) == Some(&'=') => {
                 self.pos += 1;
                 Some(Rel::Op(RelOp::Le))
             }
@@ -609,9 +704,6 @@ impl Parser<'_> {
             }
             '<' => Some(Rel::Op(RelOp::Lt)),
             '>' => Some(Rel::Op(RelOp::Gt)),
-            '≤' => Some(Rel::Op(RelOp::Le)),
-            '≥' => Some(Rel::Op(RelOp::Ge)),
-            '≠' => Some(Rel::Op(RelOp::Ne)),
             _ => None,
         };
         if simple.is_some() {
@@ -689,10 +781,10 @@ impl Parser<'_> {
         loop {
             self.skip_ws();
             let c = self.peek();
-            let product = if c == Some('*') || c == Some('×') || c == Some('·') {
+            let product = if c == Some('*') {
                 self.pos += 1;
                 true
-            } else if c == Some('/') || c == Some('÷') || c == Some(':') {
+            } else if c == Some('/') || c == Some(':') {
                 self.pos += 1;
                 false
             } else if self.eat_cmd("cdot") || self.eat_cmd("times") || self.eat_cmd("ast") {
@@ -1013,12 +1105,6 @@ impl Parser<'_> {
             Expr::Func("abs".into(), vec![e])
         } else if c == '\\' {
             self.command()?
-        } else if c == 'π' {
-            self.pos += 1;
-            Expr::Pi
-        } else if c == '∞' {
-            self.pos += 1;
-            Expr::Inf
         } else {
             return Err(Stop::Fail);
         };
@@ -1168,7 +1254,12 @@ impl Parser<'_> {
             "binom" | "dbinom" | "tbinom" => {
                 let n = self.group_or_char()?;
                 let k = self.group_or_char()?;
-                Expr::Func("binomial".into(), vec![n, k])
+                // sympy evaluates `binomial(n, 0)` to 1 and `binomial(n, 1)` to `n`.
+                match &k {
+                    Expr::Num(v) if v.is_zero() => Expr::int(1),
+                    Expr::Num(v) if v.is_one() => n,
+                    _ => Expr::Func("binomial".into(), vec![n, k]),
+                }
             }
             "pi" => Expr::Pi,
             "infty" | "infin" => Expr::Inf,
@@ -1196,7 +1287,13 @@ impl Parser<'_> {
                     return Err(Stop::Fail);
                 }
                 let sub = self.subscript_text()?;
-                Expr::Sym(format!("{t}{sub}").to_lowercase())
+                let name = format!("{t}{sub}").to_lowercase();
+                // latex2sympy names the symbol by its text: `\text{i}` is the letter `i`.
+                if name == "i" && self.complex {
+                    Expr::I
+                } else {
+                    Expr::Sym(name)
+                }
             }
             "{" => {
                 self.skip_ws();
@@ -1451,6 +1548,40 @@ mod tests {
         assert!(matches!(p("x = 3, y = 2"), Ok(Expr::Set(_))));
         assert!(matches!(p("2x = 1, 2"), Ok(Expr::Set(_))));
         assert!(matches!(p("e = 1, 2"), Ok(Expr::Set(_))));
+    }
+
+    /// latex2sympy's lexer has tokens for some Unicode characters and rejects the others.
+    #[test]
+    fn unicode_tokens() {
+        let same = |a: &str, b: &str| assert_eq!(p(a), p(b), "{a} vs {b}");
+        same("\u{2212}12", "-12");
+        same("x \u{2212} 1", "x - 1");
+        same("x^{\u{2212}2}", "x^{-2}");
+        same("2\u{d7}3", r"2\times 3");
+        same("2\u{22c5}3", r"2\cdot 3");
+        same("6\u{f7}2", r"6\div 2");
+        same("x\u{2264}3", r"x\le 3");
+        same("x\u{2260}3", r"x\ne 3");
+        same("\u{b1}2", r"\pm 2");
+        same("2\u{3c0}", r"2\pi");
+        same("\u{3b1}+1", r"\alpha+1");
+        same("\u{211d}", r"\mathbb{R}");
+        same("(1,2)\u{222a}(3,4)", r"(1,2)\cup(3,4)");
+        // Checked on the raw text, as latex2sympy does: a set of -1 and 234.
+        assert!(matches!(p("\u{2212}1,234"), Ok(Expr::Set(_))));
+        assert!(p("2\u{b7}3").is_err());
+        assert!(p("\u{221e}").is_err());
+        assert!(p("\u{2013}5").is_err());
+    }
+
+    #[test]
+    fn upright_i_and_binomials() {
+        let b = Budget::new(Instant::now() + Duration::from_secs(1));
+        assert_eq!(parse_latex(r"\text{i}", true, &b), Ok(Expr::I));
+        assert_eq!(p(r"\text{i}"), Ok(Expr::Sym("i".into())));
+        assert_eq!(p(r"\binom{n}{1}"), Ok(Expr::Sym("n".into())));
+        assert_eq!(p(r"\binom{n}{0}"), Ok(Expr::int(1)));
+        assert!(matches!(p(r"\binom{n}{2}"), Ok(Expr::Func(..))));
     }
 
     /// Found by fuzzing: a lone `.` parsed as the number 0 without being consumed, so the matrix

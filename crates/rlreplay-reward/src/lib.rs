@@ -44,8 +44,8 @@ pub enum Mode {
     /// math-verify's library defaults: both sides extracted as LaTeX, then as expressions.
     Default,
     /// The MaxRL reward plus the rules of a careful human grader where math-verify's verdict is
-    /// wrong (other forms of equal values, retracted boxes, truncated reasoning, factorisations);
-    /// see `docs/EVAL.md`.
+    /// wrong (other forms of equal values, typographic forms, option letters, retracted boxes,
+    /// truncated reasoning, rounded decimals); see `docs/EVAL.md`.
     Intent,
 }
 

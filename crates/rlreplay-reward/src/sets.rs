@@ -236,6 +236,26 @@ pub(crate) fn same_union(
     Ok(Some(true))
 }
 
+/// The union of sets of reals no two of which meet (what alternatives joined by `or` describe:
+/// `x < -1` or `x > 2`), `None` when one is not a union of intervals or a finite set of numbers,
+/// or when two meet.
+pub(crate) fn disjoint_union(parts: &[Expr], b: &Budget) -> Result<Option<Expr>, Stop> {
+    let mut each = Vec::with_capacity(parts.len());
+    for p in parts {
+        let Some(s) = spans_or_points(p, b)? else {
+            return Ok(None);
+        };
+        if each
+            .iter()
+            .any(|t: &Vec<Span>| !intersect(t, &s).is_empty())
+        {
+            return Ok(None);
+        }
+        each.push(s);
+    }
+    Ok(Some(to_expr(normalize(each.concat()))))
+}
+
 /// `a·x + c` with rational `a`, `c` when `e` is linear in the symbol `x`.
 fn linear(e: &Expr, x: &str) -> Option<(BigRational, BigRational)> {
     match e {
@@ -509,5 +529,22 @@ mod tests {
         assert_eq!(same("[0,1)", "[0,2] \\setminus [1,2]"), Some(true));
         assert_eq!(same("[1,2]", "[0,2] \\cap [1,3]"), Some(true));
         assert_eq!(same(r2, "\\mathbb{R} \\setminus \\{x\\}"), None);
+    }
+
+    #[test]
+    fn disjoint_unions() {
+        let b = budget();
+        let p = |s: &str| parse_latex(s, false, &b).unwrap();
+        let eq = |x: &Expr, y: &Expr| Ok(x == y);
+        let union = |parts: &[&str]| {
+            let parts: Vec<Expr> = parts.iter().map(|s| p(s)).collect();
+            disjoint_union(&parts, &b).unwrap()
+        };
+        let u = union(&["(-\\infty,-1)", "(2,\\infty)"]).unwrap();
+        let want = p("(-\\infty,-1) \\cup (2,\\infty)");
+        assert_eq!(same_union(&u, &want, &b, &eq).unwrap(), Some(true));
+        assert!(union(&["(-\\infty,3)", "(1,\\infty)"]).is_none());
+        assert!(union(&["(-\\infty,1]", "[1,\\infty)"]).is_none());
+        assert!(union(&["\\{1\\}", "(2,3)"]).is_some());
     }
 }
