@@ -271,6 +271,59 @@ fn validate_reports_zero_row_shards() {
     assert!(format!("{err:#}").contains("holds no rows"), "{err:#}");
 }
 
+/// A hub download that fails says why in `validate` as in `audit`: the cause is not lost.
+#[test]
+fn a_failed_hub_download_names_its_cause() {
+    use std::io::{BufRead, BufReader, Write};
+    // A hub that lists one shard and answers 500 to everything else.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut reader = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+            }
+            let (status, body) = if line.contains("/api/") {
+                (
+                    "200 OK",
+                    r#"{"sha":"0123456789abcdef0123456789abcdef01234567","siblings":[{"rfilename":"data/step-0001.parquet"}]}"#,
+                )
+            } else {
+                ("500 Internal Server Error", "down")
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let home = tempfile::tempdir().unwrap();
+    let run = |cmd: &str| {
+        Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args([cmd, "hf://datasets/a/b", "--eos", "1"])
+            .env("HF_ENDPOINT", &endpoint)
+            .env("HF_HOME", home.path())
+            .output()
+            .unwrap()
+    };
+    let audit = String::from_utf8_lossy(&run("audit").stderr).into_owned();
+    assert!(audit.contains("answered 500"), "{audit}");
+    let o = run("validate");
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(
+        out.contains("downloading data/step-0001.parquet") && out.contains("answered 500"),
+        "{out}"
+    );
+}
+
 #[test]
 fn hub_paths_with_a_query_are_refused_before_any_request() {
     // Nothing listens on the endpoint: a request would report it unreachable instead.

@@ -33,6 +33,12 @@ pub struct HubConfig {
     pub token: Option<String>,
     /// Whether to draw download progress bars (on stderr, only when it is a terminal).
     pub progress: bool,
+    /// The longest a listing or a file's headers may take, and the fixed part of a download's
+    /// deadline (default 120 s).
+    pub request_timeout: Duration,
+    /// The slowest average rate a download may keep, in bytes per second: a file of `S` bytes
+    /// must arrive within `request_timeout + S / min_rate` (default 64 KiB/s).
+    pub min_rate: u64,
 }
 
 impl HubConfig {
@@ -53,7 +59,17 @@ impl HubConfig {
             cache_dir: cache.path().clone(),
             token,
             progress: std::io::stderr().is_terminal(),
+            request_timeout: Duration::from_secs(120),
+            min_rate: 64 << 10,
         }
+    }
+
+    /// The deadline of a download of `size` bytes (of the fixed part alone when unknown).
+    fn download_deadline(&self, size: Option<u64>) -> Duration {
+        let rate = self.min_rate.max(1) as f64;
+        let body =
+            Duration::try_from_secs_f64(size.unwrap_or(0) as f64 / rate).unwrap_or(Duration::MAX);
+        self.request_timeout.saturating_add(body)
     }
 }
 
@@ -379,7 +395,11 @@ impl HubPath {
                 why,
             })
         };
-        let resp = match client.get(&client.follow, &url).call() {
+        let resp = match client
+            .get(&client.follow, &url)
+            .timeout(cfg.request_timeout)
+            .call()
+        {
             Ok(r) => r,
             Err(ureq::Error::Status(code, r)) => {
                 let text = r.into_string().unwrap_or_default();
@@ -459,7 +479,7 @@ impl HubPath {
             self.url_path(),
             utf8_percent_encode(name, PATH_SEGMENT)
         );
-        let meta = file_meta(client, &url)?;
+        let meta = file_meta(client, cfg, &url)?;
         let blobs = root.join("blobs");
         let blob = blobs.join(&meta.blob);
         if !blob.is_file() {
@@ -545,13 +565,14 @@ fn symlink(target: &Path, link: &Path) -> std::io::Result<()> {
 /// The hub's headers for one file: its ETag (the blob name) and size, read from the hub's own
 /// answer to a one-byte range request (relative redirects are followed, a redirect to another
 /// host, such as a CDN, is not: the hub's headers are on its redirect).
-fn file_meta(client: &Client, url: &str) -> Result<FileMeta> {
+fn file_meta(client: &Client, cfg: &HubConfig, url: &str) -> Result<FileMeta> {
     let mut url = url.to_owned();
     let mut redirects = 0;
     let resp = loop {
         let resp = match client
             .get(&client.direct, &url)
             .set("Range", "bytes=0-0")
+            .timeout(cfg.request_timeout)
             .call()
         {
             Ok(r) => r,
@@ -607,8 +628,62 @@ fn origin(url: &str) -> &str {
     }
 }
 
+/// A reader that fails once its deadline has passed: a hub that sends a byte now and then keeps
+/// every single read under the read timeout, so the whole download needs a deadline too.
+struct Deadline<R> {
+    inner: R,
+    started: std::time::Instant,
+    limit: Duration,
+    /// What the deadline is, for the error.
+    why: String,
+}
+
+impl<R: Read> Read for Deadline<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.started.elapsed() > self.limit {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                self.why.clone(),
+            ));
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// Removes the partial downloads in `blobs` that no running process is writing: those whose
+/// process id (in `NAME.PID.part`) is not alive, or, where that cannot be told, older than a day.
+fn remove_stale_parts(blobs: &Path) {
+    let Ok(entries) = std::fs::read_dir(blobs) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".part") else {
+            continue;
+        };
+        let pid = stem.rsplit('.').next().and_then(|p| p.parse::<u32>().ok());
+        let proc_dir = Path::new("/proc");
+        let stale = match pid {
+            Some(pid) if proc_dir.is_dir() => {
+                pid != std::process::id() && !proc_dir.join(pid.to_string()).exists()
+            }
+            _ => e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(24 * 3600)),
+        };
+        if stale {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Downloads `url` into `blob` through a temporary file next to it (renamed when complete, so
-/// that an interrupted download never leaves a partial blob); checks the size when it is known.
+/// that an interrupted download never leaves a partial blob, and the partial files of killed
+/// downloads are removed); checks the size when it is known, and fails past a deadline scaled to
+/// the size ([`HubConfig::min_rate`]).
 fn download_blob(
     client: &Client,
     cfg: &HubConfig,
@@ -617,6 +692,7 @@ fn download_blob(
     size: Option<u64>,
     blob: &Path,
 ) -> Result<()> {
+    let started = std::time::Instant::now();
     // The bytes as stored (the announced size and the blob's digest are of those).
     let resp = match client
         .get(&client.follow, url)
@@ -641,6 +717,17 @@ fn download_blob(
         resp.header("Content-Length")
             .and_then(|s| s.trim().parse().ok())
     });
+    if let Some(dir) = blob.parent() {
+        remove_stale_parts(dir);
+    }
+    let deadline = cfg.download_deadline(size);
+    let why = format!(
+        "past the download's deadline of {:.0} s ({:.0} s plus one second per {} bytes of its \
+         size)",
+        deadline.as_secs_f64(),
+        cfg.request_timeout.as_secs_f64(),
+        cfg.min_rate
+    );
     let tmp = blob.with_extension(format!("{}.part", std::process::id()));
     let result = (|| -> Result<u64> {
         let mut file = std::fs::File::create(&tmp).map_err(Error::io("creating", &tmp))?;
@@ -658,7 +745,13 @@ fn download_blob(
         bar.set_message(name.to_owned());
         // One byte past the announced size is enough to tell that the body is too long.
         let limit = size.map_or(u64::MAX, |s| s.saturating_add(1));
-        let mut reader = bar.wrap_read(resp.into_reader().take(limit));
+        let body = Deadline {
+            inner: resp.into_reader().take(limit),
+            started,
+            limit: deadline,
+            why,
+        };
+        let mut reader = bar.wrap_read(body);
         let n =
             std::io::copy(&mut reader, &mut file).map_err(Error::io("downloading into", &tmp))?;
         bar.finish_and_clear();

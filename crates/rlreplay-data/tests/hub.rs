@@ -201,7 +201,97 @@ fn config(endpoint: &str, cache: PathBuf) -> HubConfig {
         cache_dir: cache,
         token: Some("hf_test".into()),
         progress: false,
+        request_timeout: std::time::Duration::from_secs(120),
+        min_rate: 64 << 10,
     }
+}
+
+/// A hub that lists one 4,000-byte file and then sends its body one byte every 20 ms (80 s in
+/// all), every read well under any read timeout.
+fn trickling_hub() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                let mut meta = false;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    meta |= h.to_ascii_lowercase().starts_with("range: bytes=0-0");
+                }
+                let head = |s: &mut TcpStream, status: &str, extra: &str, len: usize| {
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 {status}\r\n{extra}Content-Length: {len}\r\nConnection: close\r\n\r\n"
+                    );
+                };
+                if line.contains("/api/") {
+                    let body = format!(
+                        r#"{{"sha":"{COMMIT}","siblings":[{{"rfilename":"data/step-0001.parquet"}}]}}"#
+                    );
+                    head(&mut s, "200 OK", "", body.len());
+                    let _ = s.write_all(body.as_bytes());
+                } else if meta {
+                    let extra = format!(
+                        "X-Repo-Commit: {COMMIT}\r\nETag: \"etag-slow\"\r\nContent-Range: bytes 0-0/4000\r\n"
+                    );
+                    head(&mut s, "206 Partial Content", &extra, 1);
+                    let _ = s.write_all(b"P");
+                } else {
+                    head(&mut s, "200 OK", "", 4000);
+                    for _ in 0..4000 {
+                        if s.write_all(b"P").and_then(|()| s.flush()).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                }
+            });
+        }
+    });
+    endpoint
+}
+
+/// A hub that keeps every read short but sends a file too slowly for its size fails at the
+/// download's deadline instead of running for as long as it likes, and leaves no partial file;
+/// the partial files of killed downloads are removed by the next download.
+#[test]
+fn a_trickling_hub_meets_a_deadline_and_partial_files_do_not_stay() {
+    let endpoint = trickling_hub();
+    let cache = tempfile::tempdir().unwrap();
+    let cfg = HubConfig {
+        request_timeout: std::time::Duration::from_secs(1),
+        min_rate: 4000,
+        ..config(&endpoint, cache.path().to_owned())
+    };
+    let blobs = cache.path().join("datasets--owner--slow/blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    // Left by a killed download (no process has this id), and one of a live process (this one).
+    let dead = blobs.join("etag-other.4194305.part");
+    let live = blobs.join(format!("etag-other.{}.part", std::process::id()));
+    std::fs::write(&dead, b"partial").unwrap();
+    std::fs::write(&live, b"partial").unwrap();
+    let path = HubPath::parse("hf://datasets/owner/slow").unwrap().unwrap();
+    let t0 = std::time::Instant::now();
+    let e = path.download(&cfg, &|_| true).unwrap_err();
+    let took = t0.elapsed();
+    let msg = chain(&e);
+    assert!(msg.contains("deadline"), "{msg}");
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}: {msg}");
+    assert!(!dead.exists(), "a dead download's partial file stays");
+    assert!(live.exists(), "a live download's partial file was removed");
+    let left: Vec<_> = std::fs::read_dir(&blobs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
 }
 
 #[test]

@@ -919,7 +919,7 @@ impl Config {
             return Err(Error::config(
                 "rollout.temperature",
                 format!(
-                    "[rollout] temperature = {}: must be a positive number",
+                    "[rollout] temperature = {}: must be a finite positive number",
                     r.temperature
                 ),
             ));
@@ -992,7 +992,10 @@ impl Config {
         if !(o.lr >= 0.0 && o.lr.is_finite()) {
             return Err(Error::config(
                 "optim.lr",
-                format!("[optim] lr = {}: must be a non-negative number", o.lr),
+                format!(
+                    "[optim] lr = {}: must be a finite non-negative number",
+                    o.lr
+                ),
             ));
         }
         if o.grad_clip.is_nan() || o.grad_clip <= 0.0 {
@@ -1065,7 +1068,7 @@ impl Config {
                 return Err(Error::config(
                     "schedule.mix",
                     format!(
-                        "[schedule] mix[{i}].weight = {}: must be positive",
+                        "[schedule] mix[{i}].weight = {}: must be a finite positive number",
                         m.weight
                     ),
                 ));

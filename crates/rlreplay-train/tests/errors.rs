@@ -33,7 +33,16 @@ fn a_refused_value_names_its_key() {
         panic!("{e:?}")
     };
     assert_eq!(key, "optim.lr");
-    assert_eq!(message, "[optim] lr = -1: must be a non-negative number");
+    assert_eq!(
+        message,
+        "[optim] lr = -1: must be a finite non-negative number"
+    );
+    // An infinite value says so (it used to read as if it were negative).
+    let e = replay(&["optim.lr=inf"]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "[optim] lr = inf: must be a finite non-negative number"
+    );
     let e = replay(&["rollout.top_p=0"]).unwrap_err();
     assert!(
         matches!(&e, Error::Config { key, .. } if key == "rollout.top_p"),
@@ -77,7 +86,7 @@ fn a_missing_config_file_is_named() {
     assert_eq!(
         chain(&e),
         format!(
-            "in config {}: [optim] lr = -1: must be a non-negative number",
+            "in config {}: [optim] lr = -1: must be a finite non-negative number",
             bad.display()
         )
     );
@@ -105,7 +114,7 @@ fn a_missing_dataset_is_a_data_error_under_its_key() {
 #[test]
 fn a_second_fresh_start_names_the_run_directory() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("metrics.jsonl"), "").unwrap();
+    std::fs::write(dir.path().join("metrics.jsonl"), "{\"step\":1}\n").unwrap();
     let opts = RunOptions::new(replay(&[]).unwrap(), dir.path());
     let e = run(&opts).unwrap_err();
     assert!(

@@ -33,7 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let ds = match Dataset::open_steps(&args.path, args.steps) {
         Ok(ds) => ds,
         Err(e) => {
-            println!("error: {e:#}");
+            println!("error: {}", rlreplay_data::error::chain(&e));
             return Ok(ExitCode::from(1));
         }
     };
