@@ -592,8 +592,28 @@ async fn generate_inner(state: &AppState, body: Body) -> Reply {
     }
 }
 
-/// Loads new weights and swaps them in (see the crate docs for what happens to requests).
-async fn update(state: &AppState, path: String, version: Option<String>, abort: bool) -> Reply {
+/// Loads new weights and swaps them in (see the crate docs for what happens to requests). The
+/// update runs in a task of its own: once the engine holds new requests for it, it finishes
+/// (swapping the weights or releasing the held requests on the old ones) whether or not the
+/// caller stays for the answer.
+async fn update(
+    state: &Arc<AppState>,
+    path: String,
+    version: Option<String>,
+    abort: bool,
+) -> Reply {
+    tokio::spawn(run_update(state.clone(), path, version, abort))
+        .await
+        .map_err(|e| ApiError::internal(format!("the weight update task failed: {e}")))?
+}
+
+/// The body of [`update`].
+async fn run_update(
+    state: Arc<AppState>,
+    path: String,
+    version: Option<String>,
+    abort: bool,
+) -> Reply {
     let _one_at_a_time = state.update.lock().await;
     let dir = PathBuf::from(&path);
     let dtype = state.cfg.dtype;
@@ -669,7 +689,7 @@ fn check_same_architecture(served: &ModelConfig, new: &ModelConfig) -> Result<()
     Ok(())
 }
 
-async fn update_from_disk_inner(state: &AppState, body: Body) -> Reply {
+async fn update_from_disk_inner(state: &Arc<AppState>, body: Body) -> Reply {
     let bytes = read_body(state, body).await?;
     let req: UpdateWeightsFromDisk = parse(&bytes, false)?;
     if let Some(f) = &req.load_format {
@@ -689,7 +709,7 @@ async fn update_from_disk_inner(state: &AppState, body: Body) -> Reply {
     .await
 }
 
-async fn update_weights_inner(state: &AppState, body: Body) -> Reply {
+async fn update_weights_inner(state: &Arc<AppState>, body: Body) -> Reply {
     let bytes = read_body(state, body).await?;
     let req: UpdateWeights = parse(&bytes, false)?;
     update(state, req.weight_dir, req.weight_version, false).await

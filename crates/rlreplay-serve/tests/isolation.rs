@@ -97,3 +97,58 @@ fn a_request_abandoned_by_its_client_stops_every_sample_of_every_prompt() {
         assert_eq!(r.map(|r| r.status()), Ok(200));
     }
 }
+
+#[test]
+fn a_weight_update_finishes_on_its_own_when_its_client_gives_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a_dir = tmp.path().join("a");
+    tiny_model(&a_dir, 1);
+    let server = serve(&a_dir, |_| {});
+    let url = server.url();
+    // A good update, then one whose config is not JSON: either way the engine must stop holding
+    // requests once it is over.
+    for (k, (version, good)) in [("v1", true), ("v2", false)].into_iter().enumerate() {
+        let dir = tmp.path().join(format!("b{k}"));
+        tiny_model(&dir, 2 + k as u64);
+        // config.json becomes a pipe: loading blocks on it until it is written, which happens
+        // after the client has given up.
+        let config = std::fs::read(dir.join("config.json")).unwrap();
+        std::fs::remove_file(dir.join("config.json")).unwrap();
+        let fifo = dir.join("config.json");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let r = post_within(
+            &url,
+            "/update_weights_from_disk",
+            &json!({"model_path": dir, "weight_version": version}),
+            1,
+        );
+        assert!(
+            r.is_err(),
+            "the update cannot answer before its config is written"
+        );
+        // Let the server see the closed connection before the load can go on.
+        thread::sleep(Duration::from_secs(1));
+        let text = if good { config } else { b"not json".to_vec() };
+        thread::spawn(move || std::fs::write(fifo, text));
+        let r = post_within(
+            &url,
+            "/generate",
+            &json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}),
+            30,
+        )
+        .unwrap_or_else(|e| panic!("a request after the abandoned update: {e}"));
+        let out: Value = r.into_json().unwrap();
+        let serving = if good { version } else { "v1" };
+        assert_eq!(out["meta_info"]["weight_version"], serving);
+        let i = info(&url);
+        assert_eq!(
+            (&i["held_requests"], &i["paused"]),
+            (&json!(0), &json!(false))
+        );
+        assert_eq!(i["weight_updates"], 1);
+    }
+}
