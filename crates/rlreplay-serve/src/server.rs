@@ -63,11 +63,15 @@ pub struct ServeConfig {
     pub dtype: DType,
     /// Largest `n`.
     pub max_n: usize,
+    /// Most prompts in one request (more: 400).
+    pub max_prompts_per_request: usize,
+    /// Most samples in one request, `n` times its prompts (more: 400).
+    pub max_seqs_per_request: usize,
 }
 
 impl ServeConfig {
     /// The defaults for a model directory: 127.0.0.1:8000, processed log-probs, 256 sequences,
-    /// 64 MiB bodies, f32.
+    /// 64 MiB bodies, f32; requests of at most 8192 prompts and 16384 samples, `n` up to 1024.
     pub fn new(model: impl Into<PathBuf>) -> Self {
         Self {
             model: model.into(),
@@ -83,6 +87,8 @@ impl ServeConfig {
             max_body_bytes: 64 << 20,
             dtype: DType::F32,
             max_n: 1024,
+            max_prompts_per_request: 8192,
+            max_seqs_per_request: 16384,
         }
     }
 }
@@ -196,6 +202,8 @@ impl BoundServer {
             max_model_len,
             eos_ids: eos_ids(&cfg.model, &model_config),
             max_n: cfg.max_n,
+            max_prompts: cfg.max_prompts_per_request,
+            max_seqs: cfg.max_seqs_per_request,
             max_logprobs: MAX_LOGPROBS,
             model_name: Some(model_name),
         };

@@ -332,8 +332,8 @@ impl Worker {
                 }
                 continue;
             }
-            {
-                let (first, count) = (0, n);
+            for first in (0..n).step_by(self.max_num_seqs) {
+                let count = self.max_num_seqs.min(n - first);
                 let group = self.batcher.push(Group {
                     prompt: prompt.ids.clone(),
                     n: count,

@@ -152,3 +152,78 @@ fn a_weight_update_finishes_on_its_own_when_its_client_gives_up() {
         assert_eq!(i["weight_updates"], 1);
     }
 }
+
+#[test]
+fn requests_are_admitted_within_the_server_bounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path(), 1);
+    let server = serve(tmp.path(), |c| {
+        c.max_num_seqs = 8;
+        c.max_prompts_per_request = 4;
+        c.max_seqs_per_request = 64;
+    });
+    let url = server.url();
+    // n above max_num_seqs: decoded in turns of at most 8 sequences, with the samples (and
+    // random streams) a local generation gives.
+    let prompts = vec![vec![3u32, 1, 4], vec![1, 5]];
+    let r = post(
+        &url,
+        "/v1/completions",
+        &json!({"prompt": prompts, "n": 30, "max_tokens": 12, "seed": 9,
+                "return_token_ids": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let i = info(&url);
+    assert!(i["max_running_seqs"].as_u64().unwrap() <= 8, "{i}");
+    let params = rlreplay_sampling::sampling::SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_new_tokens: 12,
+        stop_ids: vec![7],
+        seed: 9,
+    };
+    let want =
+        rlreplay_sampling::engine::generate(&decoder(&model), &prompts, 30, &params, 256, |_| {})
+            .unwrap();
+    let choices = r.body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 60);
+    for (c, g) in choices.iter().zip(&want) {
+        assert_eq!(u32s(&c["token_ids"]), g.tokens);
+    }
+    // Too many prompts, or too many samples in all: 400 naming the field and the bound.
+    let five: Vec<Vec<u32>> = (1..=5).map(|t| vec![t]).collect();
+    for (path, body, param, bound) in [
+        ("/v1/completions", json!({"prompt": five}), "prompt", "4"),
+        (
+            "/v1/completions",
+            json!({"prompt": [[1], [2], [3]], "n": 30}),
+            "n",
+            "64",
+        ),
+        ("/generate", json!({"input_ids": five}), "input_ids", "4"),
+        (
+            "/generate",
+            json!({"input_ids": [[1], [2], [3]], "sampling_params": {"n": 30}}),
+            "sampling_params.n",
+            "64",
+        ),
+    ] {
+        let r = post(&url, path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        let e = if path.starts_with("/v1/") {
+            &r.body["error"]
+        } else {
+            &r.body
+        };
+        assert_eq!(e["param"], param, "{}", r.body);
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains(&format!("at most {bound}")), "{message}");
+    }
+    // The defaults bound a request too.
+    let server = serve(tmp.path(), |_| {});
+    let many: Vec<Vec<u32>> = vec![vec![1]; 100_000];
+    let r = post(&server.url(), "/v1/completions", &json!({"prompt": many}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.body["error"]["param"], "prompt");
+}

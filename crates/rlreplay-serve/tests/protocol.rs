@@ -29,6 +29,8 @@ fn qwen3_limits() -> Limits {
         max_model_len: 40_960,
         eos_ids: vec![151_645, 151_643],
         max_n: 1024,
+        max_prompts: 8192,
+        max_seqs: 16384,
         max_logprobs: 20,
         model_name: Some("Qwen/Qwen3-4B".into()),
     }

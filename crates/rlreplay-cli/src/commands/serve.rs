@@ -35,9 +35,15 @@ pub struct Args {
     /// unscaled logits).
     #[arg(long, default_value = "processed", value_parser = parse_mode)]
     logprobs_mode: LogprobMode,
-    /// Sequences decoded together at most.
+    /// Sequences decoded together at most; a request with more samples is decoded in turns.
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
+    /// Most prompts in one request (more: 400).
+    #[arg(long, default_value_t = 8192)]
+    max_prompts_per_request: usize,
+    /// Most samples in one request, n times its prompts (more: 400).
+    #[arg(long, default_value_t = 16384)]
+    max_seqs_per_request: usize,
     /// Longest prompt plus completion (default: the model's max_position_embeddings).
     #[arg(long)]
     max_model_len: Option<usize>,
@@ -74,6 +80,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         api_key: args.api_key,
         logprobs_mode: args.logprobs_mode,
         max_num_seqs: args.max_num_seqs,
+        max_prompts_per_request: args.max_prompts_per_request,
+        max_seqs_per_request: args.max_seqs_per_request,
         max_model_len: args.max_model_len,
         served_model_name: args.served_model_name,
         weight_version: args.weight_version,

@@ -33,6 +33,20 @@ impl Prompt {
     pub fn is_single(&self) -> bool {
         matches!(self, Self::Ids(_) | Self::Text(_))
     }
+
+    /// The number of prompts.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Ids(_) | Self::Text(_) => 1,
+            Self::Batch(b) => b.len(),
+            Self::Texts(t) => t.len(),
+        }
+    }
+
+    /// Whether it is an empty list of prompts.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Serialize for Prompt {

@@ -165,6 +165,8 @@ impl CompletionRequest {
             })?;
         }
         let first_stream = stream_offset(self.vllm_xargs.as_ref(), "vllm_xargs")?;
+        limits.check_prompt_count(self.prompt.len(), "prompt")?;
+        limits.check_samples(self.prompt.len(), n, "n")?;
         let prompts = tokens.prompts(&self.prompt, "prompt")?;
         let spec = SampleSpec::new(
             limits,

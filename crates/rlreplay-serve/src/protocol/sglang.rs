@@ -130,6 +130,7 @@ impl GenerateRequest {
                         "expected token ids ([int] or [[int]]); send text in `text`",
                     ));
                 }
+                limits.check_prompt_count(ids.len(), "input_ids")?;
                 tokens.prompts(ids, "input_ids")?
             }
             (None, Some(text)) => {
@@ -139,6 +140,7 @@ impl GenerateRequest {
                         "expected a string or a list of strings",
                     ));
                 }
+                limits.check_prompt_count(text.len(), "text")?;
                 tokens.prompts(text, "text")?
             }
             (Some(_), Some(_)) => {
@@ -190,6 +192,7 @@ impl GenerateRequest {
                 format!("n must be in 1..={}, got {n}", limits.max_n),
             ));
         }
+        limits.check_samples(count, n, "sampling_params.n")?;
         let flag = |v: &Option<OneOrMany<bool>>, name: &str| -> Result<bool, FieldError> {
             match v {
                 None => Ok(false),
