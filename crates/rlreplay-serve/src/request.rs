@@ -72,7 +72,7 @@ impl SampleSpec {
         if !(temperature >= 0.0 && temperature.is_finite()) {
             return Err((
                 "temperature",
-                format!("temperature must be non-negative, got {temperature}"),
+                format!("temperature must be a non-negative number, got {temperature}"),
             ));
         }
         let top_p = top_p.unwrap_or(1.0);
