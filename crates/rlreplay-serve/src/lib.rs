@@ -50,6 +50,8 @@
 //! body over the size limit (413), a wrong API key (401).
 #![warn(missing_docs)]
 
+#[cfg(feature = "server")]
+mod conn;
 pub mod protocol;
 pub mod request;
 #[cfg(feature = "server")]
@@ -69,6 +71,10 @@ pub enum Error {
     /// Binding, serving or a thread failed.
     #[error("{0}")]
     Io(String),
+    /// A setting of [`ServeConfig`] is out of range.
+    #[cfg(feature = "server")]
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Result type of the server crate.

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -226,4 +226,91 @@ fn requests_are_admitted_within_the_server_bounds() {
     let r = post(&server.url(), "/v1/completions", &json!({"prompt": many}));
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.body["error"]["param"], "prompt");
+}
+
+/// Whether the server closes `s` within 30 s (reading EOF or a reset), writing `trickle` bytes one
+/// at a time every 100 ms meanwhile.
+fn closed_by_the_server(mut s: TcpStream, trickle: &[u8]) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(30) {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {}
+            Err(_) => return true,
+        }
+        if sent < trickle.len() {
+            if s.write_all(&trickle[sent..sent + 1]).is_err() {
+                return true;
+            }
+            sent += 1;
+        }
+    }
+    false
+}
+
+#[test]
+fn connections_are_bounded_in_time_and_in_number() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_model(tmp.path(), 1);
+    let server = serve(tmp.path(), |c| {
+        c.header_read_timeout = Duration::from_secs(1);
+        c.idle_timeout = Duration::from_secs(2);
+    });
+    let addr = server.addr();
+    // Headers sent a byte at a time: cut off at the header deadline although bytes keep coming.
+    let slow = format!(
+        "GET /health HTTP/1.1\r\nHost: test\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(400)
+    );
+    let s = TcpStream::connect(addr).unwrap();
+    assert!(closed_by_the_server(s, slow.as_bytes()), "slow headers");
+    // A connection that never sends a byte, and one idle after a request, are closed.
+    let s = TcpStream::connect(addr).unwrap();
+    assert!(closed_by_the_server(s, b""), "a silent connection");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    assert!(
+        closed_by_the_server(s, b""),
+        "an idle kept-alive connection"
+    );
+    // A request in flight for longer than both timeouts (held while generation is paused) is not
+    // cut off.
+    let url = server.url();
+    assert_eq!(post(&url, "/pause_generation", &json!({})).status, 200);
+    let held = {
+        let url = url.clone();
+        thread::spawn(move || {
+            post_within(&url, "/v1/completions", &json!({"prompt": [1, 2]}), 60).map(|r| r.status())
+        })
+    };
+    wait_for(&url, |i| i["held_requests"] == 1);
+    thread::sleep(Duration::from_secs(4));
+    assert_eq!(post(&url, "/continue_generation", &json!({})).status, 200);
+    assert_eq!(held.join().unwrap(), Ok(200));
+
+    // At most max_connections at once: the next waits until one closes.
+    let server = serve(tmp.path(), |c| c.max_connections = 2);
+    let url = server.url();
+    let idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(server.addr()).unwrap())
+        .collect();
+    let health = |secs| {
+        ureq::get(&format!("{url}/health"))
+            .timeout(Duration::from_secs(secs))
+            .call()
+            .map(|r| r.status())
+            .map_err(|e| e.to_string())
+    };
+    assert!(health(2).is_err(), "a third connection is served");
+    drop(idle);
+    assert_eq!(health(30), Ok(200));
 }
