@@ -109,36 +109,25 @@ impl ServeConfig {
     /// Refuses settings with which the server could not serve a request (a zero limit, a
     /// context shorter than one prompt token plus one generated token).
     pub fn check(&self) -> Result<()> {
-        let at_least = |name: &str, flag: &str, value: usize, min: usize| {
-            if value < min {
-                Err(Error::Config(format!(
-                    "{name} (--{flag}) must be at least {min}, got {value}"
-                )))
+        let at_least_one = |what: &str, value: usize| {
+            if value == 0 {
+                Err(Error::Config(format!("{what} must be at least 1, got 0")))
             } else {
                 Ok(())
             }
         };
-        at_least("max_num_seqs", "max-num-seqs", self.max_num_seqs, 1)?;
-        at_least("max_n", "max-n", self.max_n, 1)?;
-        at_least(
-            "max_prompts_per_request",
-            "max-prompts-per-request",
+        at_least_one("max_num_seqs (--max-num-seqs)", self.max_num_seqs)?;
+        at_least_one("max_n", self.max_n)?;
+        at_least_one(
+            "max_prompts_per_request (--max-prompts-per-request)",
             self.max_prompts_per_request,
-            1,
         )?;
-        at_least(
-            "max_seqs_per_request",
-            "max-seqs-per-request",
+        at_least_one(
+            "max_seqs_per_request (--max-seqs-per-request)",
             self.max_seqs_per_request,
-            1,
         )?;
-        at_least("max_body_bytes", "max-body-mib", self.max_body_bytes, 1)?;
-        at_least(
-            "max_connections",
-            "max-connections",
-            self.max_connections,
-            1,
-        )?;
+        at_least_one("max_body_bytes (--max-body-mib)", self.max_body_bytes)?;
+        at_least_one("max_connections (--max-connections)", self.max_connections)?;
         if let Some(len) = self.max_model_len {
             if len < 2 {
                 return Err(Error::Config(format!(

@@ -160,7 +160,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker serving `decoder`.
+    /// A worker serving `decoder`, decoding up to `max_num_seqs` sequences at once (at least 1).
     pub fn new(
         decoder: Decoder,
         max_num_seqs: usize,
@@ -168,6 +168,7 @@ impl Worker {
         weight_version: String,
         model_path: Arc<std::sync::Mutex<String>>,
     ) -> Self {
+        let max_num_seqs = max_num_seqs.max(1);
         Self {
             decoder: Box::new(decoder),
             batcher: Batcher::new(max_num_seqs),
