@@ -15,7 +15,8 @@
 //!
 //! **Batching.** Every request's prompts join one continuous batch ([`rlreplay_sampling::engine`]):
 //! each decode step serves every live sequence of every request, and prompts join and leave
-//! between steps.
+//! between steps. At most `max_num_seqs` sequences decode at once: a prompt with a larger `n`
+//! joins in pieces of at most `max_num_seqs` samples, each admitted when there is room.
 //!
 //! **Random streams.** Sample `j` of the `p`-th prompt of a request with seed `S` draws from the
 //! ChaCha8 stream `p * n + j` of `S`, the streams `rlreplay generate --seed S` uses for the same
@@ -44,12 +45,23 @@
 //! paused requests continue on the new weights after `continue_generation`: their earlier tokens
 //! come from the old weights.
 //!
+//! **What a client cannot do to the others.** A request whose client goes away (the connection
+//! closes) is cancelled whole, every sample of every prompt. A weight update runs in a task of its
+//! own and finishes or fails whatever its client does. A request carries at most
+//! `max_prompts_per_request` prompts and `max_seqs_per_request` samples (`n` times the prompts);
+//! more is a 400. At most `max_connections` connections are served at once (more wait in the
+//! listen backlog); a connection is closed when a request's headers take longer than
+//! `header_read_timeout` from their first byte, or when it has no request in flight and no
+//! traffic for `idle_timeout`. See [`ServeConfig`] for the defaults.
+//!
 //! **Bad input** gets a 4xx JSON error naming the field (vLLM's `{"error": {...}}` under `/v1/`,
 //! SGLang's `{object: "error", ...}` elsewhere) and the server keeps serving: malformed JSON,
 //! unknown fields, token ids outside the vocabulary, `n = 0`, `max_tokens` beyond the context, a
 //! body over the size limit (413), a wrong API key (401).
 #![warn(missing_docs)]
 
+#[cfg(feature = "server")]
+mod conn;
 pub mod protocol;
 pub mod request;
 #[cfg(feature = "server")]
@@ -69,6 +81,10 @@ pub enum Error {
     /// Binding, serving or a thread failed.
     #[error("{0}")]
     Io(String),
+    /// A setting of [`ServeConfig`] is out of range.
+    #[cfg(feature = "server")]
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Result type of the server crate.

@@ -14,6 +14,10 @@ pub struct Limits {
     pub eos_ids: Vec<u32>,
     /// Largest `n`.
     pub max_n: usize,
+    /// Most prompts in one request.
+    pub max_prompts: usize,
+    /// Most samples in one request, `n` times its prompts.
+    pub max_seqs: usize,
     /// Largest number of alternatives per token in `logprobs` / `top_logprobs_num`.
     pub max_logprobs: usize,
     /// The served model name; requests naming another model are rejected.
@@ -68,7 +72,7 @@ impl SampleSpec {
         if !(temperature >= 0.0 && temperature.is_finite()) {
             return Err((
                 "temperature",
-                format!("temperature must be non-negative, got {temperature}"),
+                format!("temperature must be a non-negative number, got {temperature}"),
             ));
         }
         let top_p = top_p.unwrap_or(1.0);
@@ -134,6 +138,38 @@ pub struct Job {
 }
 
 impl Limits {
+    /// Checks that a request's `prompts` (field `param`) are within the per-request bound.
+    pub fn check_prompt_count(&self, prompts: usize, param: &str) -> Result<(), FieldError> {
+        if prompts > self.max_prompts {
+            return Err(FieldError::new(
+                param,
+                format!(
+                    "a request may carry at most {} prompts (the server's --max-prompts-per-request), \
+                     got {prompts}",
+                    self.max_prompts
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that `n` samples (field `n_param`) of each of `prompts` prompts are within the
+    /// per-request bound.
+    pub fn check_samples(&self, prompts: usize, n: usize, n_param: &str) -> Result<(), FieldError> {
+        let seqs = prompts.saturating_mul(n);
+        if seqs > self.max_seqs {
+            return Err(FieldError::new(
+                n_param,
+                format!(
+                    "a request may ask for at most {} samples in all (n x prompts, the server's \
+                     --max-seqs-per-request), got {n} x {prompts} = {seqs}",
+                    self.max_seqs
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks prompt `p` (token ids, length) and that `max_new_tokens` fits the context; errors
     /// name `param` (the prompt field) or `max_param`.
     pub fn check_prompt(

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{Query, Request, State};
@@ -21,6 +21,7 @@ use rlreplay_sampling::sampling::LogprobMode;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::conn::ConnLimits;
 use crate::protocol::control::{
     ContinueGeneration, ModelInfo, PauseGeneration, ServerInfo, StatusResponse, UpdateWeights,
     UpdateWeightsFromDisk, UpdateWeightsResponse, WeightVersion,
@@ -63,11 +64,23 @@ pub struct ServeConfig {
     pub dtype: DType,
     /// Largest `n`.
     pub max_n: usize,
+    /// Most prompts in one request (more: 400).
+    pub max_prompts_per_request: usize,
+    /// Most samples in one request, `n` times its prompts (more: 400).
+    pub max_seqs_per_request: usize,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// Longest time from the first byte of a request to the end of its headers; a connection
+    /// that overruns it is closed.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight and no traffic for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 impl ServeConfig {
     /// The defaults for a model directory: 127.0.0.1:8000, processed log-probs, 256 sequences,
-    /// 64 MiB bodies, f32.
+    /// 64 MiB bodies, f32; requests of at most 8192 prompts and 16384 samples, `n` up to 1024;
+    /// 512 connections, 10 s to send a request's headers, idle connections closed after 30 s.
     pub fn new(model: impl Into<PathBuf>) -> Self {
         Self {
             model: model.into(),
@@ -83,7 +96,68 @@ impl ServeConfig {
             max_body_bytes: 64 << 20,
             dtype: DType::F32,
             max_n: 1024,
+            max_prompts_per_request: 8192,
+            max_seqs_per_request: 16384,
+            max_connections: 512,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
         }
+    }
+}
+
+impl ServeConfig {
+    /// Refuses settings with which the server could not serve a request (a zero limit, a
+    /// context shorter than one prompt token plus one generated token).
+    pub fn check(&self) -> Result<()> {
+        let at_least_one = |what: &str, value: usize| {
+            if value == 0 {
+                Err(Error::Config(format!("{what} must be at least 1, got 0")))
+            } else {
+                Ok(())
+            }
+        };
+        at_least_one("max_num_seqs (--max-num-seqs)", self.max_num_seqs)?;
+        at_least_one("max_n", self.max_n)?;
+        at_least_one(
+            "max_prompts_per_request (--max-prompts-per-request)",
+            self.max_prompts_per_request,
+        )?;
+        at_least_one(
+            "max_seqs_per_request (--max-seqs-per-request)",
+            self.max_seqs_per_request,
+        )?;
+        at_least_one("max_body_bytes (--max-body-mib)", self.max_body_bytes)?;
+        at_least_one("max_connections (--max-connections)", self.max_connections)?;
+        if let Some(len) = self.max_model_len {
+            if len < 2 {
+                return Err(Error::Config(format!(
+                    "max_model_len (--max-model-len) must be at least 2 (a prompt token and a \
+                     generated token), got {len}"
+                )));
+            }
+        }
+        if u32::try_from(self.max_connections).is_err() {
+            return Err(Error::Config(format!(
+                "max_connections (--max-connections) must be at most {}, got {}",
+                u32::MAX,
+                self.max_connections
+            )));
+        }
+        for (name, flag, d) in [
+            (
+                "header_read_timeout",
+                "header-read-timeout-secs",
+                self.header_read_timeout,
+            ),
+            ("idle_timeout", "idle-timeout-secs", self.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!(
+                    "{name} (--{flag}) must be above zero"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -160,6 +234,7 @@ fn load_decoder(dir: &Path, dtype: DType) -> Result<(ModelConfig, Decoder)> {
 pub struct BoundServer {
     listener: tokio::net::TcpListener,
     app: Router,
+    limits: ConnLimits,
     runtime: tokio::runtime::Runtime,
     worker: std::thread::JoinHandle<()>,
 }
@@ -167,6 +242,9 @@ pub struct BoundServer {
 impl BoundServer {
     /// Loads the model, starts the engine thread and binds `host:port`.
     pub fn bind(cfg: ServeConfig) -> Result<Self> {
+        cfg.check()?;
+        let max_connections = u32::try_from(cfg.max_connections)
+            .map_err(|_| Error::Config("max_connections is out of range".into()))?;
         let (model_config, decoder) = load_decoder(&cfg.model, cfg.dtype)?;
         let tok_dir = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
         let tok_file = tok_dir.join("tokenizer.json");
@@ -196,6 +274,8 @@ impl BoundServer {
             max_model_len,
             eos_ids: eos_ids(&cfg.model, &model_config),
             max_n: cfg.max_n,
+            max_prompts: cfg.max_prompts_per_request,
+            max_seqs: cfg.max_seqs_per_request,
             max_logprobs: MAX_LOGPROBS,
             model_name: Some(model_name),
         };
@@ -203,7 +283,7 @@ impl BoundServer {
         let (tx, rx) = mpsc::channel();
         let w = Worker::new(
             decoder,
-            cfg.max_num_seqs.max(1),
+            cfg.max_num_seqs,
             cfg.logprobs_mode,
             cfg.weight_version.clone(),
             model_path.clone(),
@@ -221,6 +301,11 @@ impl BoundServer {
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(&addr))
             .map_err(|e| Error::Io(format!("binding {addr}: {e}")))?;
+        let conn_limits = ConnLimits {
+            max_connections,
+            header_read_timeout: cfg.header_read_timeout,
+            idle_timeout: cfg.idle_timeout,
+        };
         let state = Arc::new(AppState {
             tx,
             limits,
@@ -235,6 +320,7 @@ impl BoundServer {
         Ok(Self {
             listener,
             app: router(state),
+            limits: conn_limits,
             runtime,
             worker,
         })
@@ -255,16 +341,11 @@ impl BoundServer {
         let Self {
             listener,
             app,
+            limits,
             runtime,
             worker,
         } = self;
-        runtime
-            .block_on(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-            })
-            .map_err(|e| Error::Io(format!("serving: {e}")))?;
+        runtime.block_on(crate::conn::serve(listener, app, limits, shutdown));
         // Dropping the runtime drops the router and with it the last sender: the engine stops.
         drop(runtime);
         let _ = worker.join();
@@ -592,8 +673,28 @@ async fn generate_inner(state: &AppState, body: Body) -> Reply {
     }
 }
 
-/// Loads new weights and swaps them in (see the crate docs for what happens to requests).
-async fn update(state: &AppState, path: String, version: Option<String>, abort: bool) -> Reply {
+/// Loads new weights and swaps them in (see the crate docs for what happens to requests). The
+/// update runs in a task of its own: once the engine holds new requests for it, it finishes
+/// (swapping the weights or releasing the held requests on the old ones) whether or not the
+/// caller stays for the answer.
+async fn update(
+    state: &Arc<AppState>,
+    path: String,
+    version: Option<String>,
+    abort: bool,
+) -> Reply {
+    tokio::spawn(run_update(state.clone(), path, version, abort))
+        .await
+        .map_err(|e| ApiError::internal(format!("the weight update task failed: {e}")))?
+}
+
+/// The body of [`update`].
+async fn run_update(
+    state: Arc<AppState>,
+    path: String,
+    version: Option<String>,
+    abort: bool,
+) -> Reply {
     let _one_at_a_time = state.update.lock().await;
     let dir = PathBuf::from(&path);
     let dtype = state.cfg.dtype;
@@ -669,7 +770,7 @@ fn check_same_architecture(served: &ModelConfig, new: &ModelConfig) -> Result<()
     Ok(())
 }
 
-async fn update_from_disk_inner(state: &AppState, body: Body) -> Reply {
+async fn update_from_disk_inner(state: &Arc<AppState>, body: Body) -> Reply {
     let bytes = read_body(state, body).await?;
     let req: UpdateWeightsFromDisk = parse(&bytes, false)?;
     if let Some(f) = &req.load_format {
@@ -689,7 +790,7 @@ async fn update_from_disk_inner(state: &AppState, body: Body) -> Reply {
     .await
 }
 
-async fn update_weights_inner(state: &AppState, body: Body) -> Reply {
+async fn update_weights_inner(state: &Arc<AppState>, body: Body) -> Reply {
     let bytes = read_body(state, body).await?;
     let req: UpdateWeights = parse(&bytes, false)?;
     update(state, req.weight_dir, req.weight_version, false).await

@@ -7,7 +7,7 @@
 //! the new weights (or aborts the requests in flight first, when asked). While generation is
 //! paused in place the swap happens at once and the paused requests continue on the new weights.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -118,6 +118,16 @@ struct Running {
     reply: oneshot::Sender<JobResult>,
 }
 
+/// Samples `first..first + left` (those not yet finished) of prompt `prompt` of job `job`: one
+/// batcher group. A prompt whose `n` is above `max_num_seqs` enters the batch as several pieces,
+/// so that no more than `max_num_seqs` sequences decode at once.
+struct Piece {
+    job: u64,
+    prompt: usize,
+    first: usize,
+    left: usize,
+}
+
 /// A weight swap waiting for the batch to empty.
 struct PendingSwap {
     decoder: Box<Decoder>,
@@ -136,8 +146,8 @@ pub struct Worker {
     /// Shared with the HTTP side: the model directory in use.
     model_path: Arc<std::sync::Mutex<String>>,
     jobs: HashMap<u64, Running>,
-    /// Batcher group id -> (job id, prompt index).
-    groups: HashMap<usize, (u64, usize)>,
+    /// Batcher group id -> the samples it generates.
+    groups: HashMap<usize, Piece>,
     /// Requests that arrived while paused or during an update.
     held: VecDeque<(u64, Arc<Job>, oneshot::Sender<JobResult>, Instant)>,
     paused: bool,
@@ -150,7 +160,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker serving `decoder`.
+    /// A worker serving `decoder`, decoding up to `max_num_seqs` sequences at once (at least 1).
     pub fn new(
         decoder: Decoder,
         max_num_seqs: usize,
@@ -158,6 +168,7 @@ impl Worker {
         weight_version: String,
         model_path: Arc<std::sync::Mutex<String>>,
     ) -> Self {
+        let max_num_seqs = max_num_seqs.max(1);
         Self {
             decoder: Box::new(decoder),
             batcher: Batcher::new(max_num_seqs),
@@ -216,16 +227,18 @@ impl Worker {
             }
             Command::Cancel { id } => {
                 if self.jobs.remove(&id).is_some() {
-                    let groups = &mut self.groups;
-                    self.batcher.retain_groups(|g| match groups.get(&g) {
-                        Some(&(job, _)) if job == id => {
-                            groups.remove(&g);
-                            false
-                        }
-                        _ => true,
-                    });
+                    // Every piece of every prompt of the job, waiting or running.
+                    let dropped: HashSet<usize> = self
+                        .groups
+                        .iter()
+                        .filter(|(_, piece)| piece.job == id)
+                        .map(|(&g, _)| g)
+                        .collect();
+                    self.groups.retain(|g, _| !dropped.contains(g));
+                    self.batcher.retain_groups(|g| !dropped.contains(&g));
                 }
                 self.held.retain(|h| h.0 != id);
+                self.settle();
             }
             Command::Pause { mode, reply } => match mode {
                 Pause::Abort => {
@@ -295,7 +308,8 @@ impl Worker {
         }
     }
 
-    /// Puts a job's prompts into the batch (prompts with no tokens to generate finish at once).
+    /// Puts a job's prompts into the batch, in pieces of at most `max_num_seqs` samples (prompts
+    /// with no tokens to generate finish at once).
     fn start(&mut self, id: u64, job: Arc<Job>, reply: oneshot::Sender<JobResult>, t: Instant) {
         let n = job.n;
         let mut run = Running {
@@ -319,22 +333,31 @@ impl Worker {
                 }
                 continue;
             }
-            let group = self.batcher.push(Group {
-                prompt: prompt.ids.clone(),
-                n,
-                params: SamplingParams {
-                    temperature: s.temperature,
-                    top_p: s.top_p,
-                    top_k: s.top_k,
-                    max_new_tokens: s.max_new_tokens,
-                    stop_ids: s.stop_ids.clone(),
-                    seed: s.seed,
-                },
-                first_stream: s.first_stream + (p * n) as u64,
-                logprobs: self.mode,
-                top_logprobs: job.top_logprobs.unwrap_or(0),
-            });
-            self.groups.insert(group, (id, p));
+            for first in (0..n).step_by(self.max_num_seqs) {
+                let count = self.max_num_seqs.min(n - first);
+                let group = self.batcher.push(Group {
+                    prompt: prompt.ids.clone(),
+                    n: count,
+                    params: SamplingParams {
+                        temperature: s.temperature,
+                        top_p: s.top_p,
+                        top_k: s.top_k,
+                        max_new_tokens: s.max_new_tokens,
+                        stop_ids: s.stop_ids.clone(),
+                        seed: s.seed,
+                    },
+                    first_stream: s.first_stream + (p * n + first) as u64,
+                    logprobs: self.mode,
+                    top_logprobs: job.top_logprobs.unwrap_or(0),
+                });
+                let piece = Piece {
+                    job: id,
+                    prompt: p,
+                    first,
+                    left: count,
+                };
+                self.groups.insert(group, piece);
+            }
         }
         if run.left == 0 {
             self.reply(run);
@@ -343,13 +366,10 @@ impl Worker {
         }
     }
 
+    /// Answers a job whose samples have all finished.
     fn reply(&self, run: Running) {
         let result = JobResult {
-            completions: run
-                .results
-                .into_iter()
-                .map(|c| c.expect("every sample finished"))
-                .collect(),
+            completions: run.results.into_iter().flatten().collect(),
             weight_version: self.weight_version.clone(),
             latency: run.arrived.elapsed().as_secs_f64(),
         };
@@ -361,11 +381,15 @@ impl Worker {
     fn deliver(&mut self, finished: Vec<Finished>) {
         for f in finished {
             let g = f.generation;
-            let Some(&(id, p)) = self.groups.get(&g.prompt) else {
+            let Some(piece) = self.groups.get_mut(&g.prompt) else {
                 continue;
             };
-            let Some(run) = self.jobs.get_mut(&id) else {
+            let (id, p, j) = (piece.job, piece.prompt, piece.first + g.sample);
+            piece.left -= 1;
+            if piece.left == 0 {
                 self.groups.remove(&g.prompt);
+            }
+            let Some(run) = self.jobs.get_mut(&id) else {
                 continue;
             };
             let spec = &run.job.prompts[p].spec;
@@ -378,19 +402,17 @@ impl Worker {
                 _ => Finish::Length,
             };
             let n = run.job.n;
-            run.results[p * n + g.sample] = Some(Completion {
+            run.results[p * n + j] = Some(Completion {
                 tokens: g.tokens,
                 logprobs: g.logprobs,
                 top: f.top,
                 finish,
             });
             run.left -= 1;
-            if run.results[p * n..(p + 1) * n].iter().all(Option::is_some) {
-                self.groups.remove(&g.prompt);
-            }
             if run.left == 0 {
-                let run = self.jobs.remove(&id).expect("present");
-                self.reply(run);
+                if let Some(run) = self.jobs.remove(&id) {
+                    self.reply(run);
+                }
             }
         }
     }
@@ -429,10 +451,12 @@ impl Worker {
 
     /// Swaps in the pending weights when the batch is empty or paused.
     fn try_swap(&mut self) {
-        if self.swap.is_none() || !(self.batcher.is_idle() || self.paused) {
+        if !(self.batcher.is_idle() || self.paused) {
             return;
         }
-        let s = self.swap.take().expect("checked");
+        let Some(s) = self.swap.take() else {
+            return;
+        };
         self.decoder = s.decoder;
         if let Some(v) = s.version {
             self.weight_version = v;

@@ -29,6 +29,8 @@ fn qwen3_limits() -> Limits {
         max_model_len: 40_960,
         eos_ids: vec![151_645, 151_643],
         max_n: 1024,
+        max_prompts: 8192,
+        max_seqs: 16384,
         max_logprobs: 20,
         model_name: Some("Qwen/Qwen3-4B".into()),
     }
@@ -203,4 +205,28 @@ fn the_server_writes_the_documented_shapes() {
     ours.sort();
     theirs.sort();
     assert_eq!(ours, theirs);
+}
+
+#[test]
+fn numbers_beyond_a_32_bit_float_are_refused_with_their_value() {
+    let limits = qwen3_limits();
+    let e =
+        parse_body::<CompletionRequest>(br#"{"prompt": [1], "temperature": 1e308}"#).unwrap_err();
+    assert_eq!(e.param, "temperature");
+    assert!(e.message.contains("1e308"), "{}", e.message);
+    assert!(e.message.contains("3.4028235e38"), "{}", e.message);
+    for body in [
+        &br#"{"input_ids": [1], "sampling_params": {"temperature": -1e300}}"#[..],
+        br#"{"input_ids": [[1], [2]], "sampling_params": [{}, {"top_p": 1e39}]}"#,
+    ] {
+        let e = parse_body::<GenerateRequest>(body).unwrap_err();
+        assert_eq!(e.param, "sampling_params", "{e}");
+        assert!(!e.message.contains("inf"), "{e}");
+        assert!(e.message.contains("e3"), "{e}");
+    }
+    // The largest f32 itself is a valid number (and a valid temperature).
+    let r: CompletionRequest =
+        parse_body(br#"{"prompt": [1], "temperature": 3.4028235e38}"#).unwrap();
+    let tokens = Tokens::new(None);
+    assert!(r.to_job(&limits, &tokens).is_ok());
 }

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use rlreplay_model::DType;
 use rlreplay_sampling::sampling::LogprobMode;
 use rlreplay_serve::{BoundServer, ServeConfig};
@@ -35,9 +36,15 @@ pub struct Args {
     /// unscaled logits).
     #[arg(long, default_value = "processed", value_parser = parse_mode)]
     logprobs_mode: LogprobMode,
-    /// Sequences decoded together at most.
+    /// Sequences decoded together at most; a request with more samples is decoded in turns.
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
+    /// Most prompts in one request (more: 400).
+    #[arg(long, default_value_t = 8192)]
+    max_prompts_per_request: usize,
+    /// Most samples in one request, n times its prompts (more: 400).
+    #[arg(long, default_value_t = 16384)]
+    max_seqs_per_request: usize,
     /// Longest prompt plus completion (default: the model's max_position_embeddings).
     #[arg(long)]
     max_model_len: Option<usize>,
@@ -50,6 +57,17 @@ pub struct Args {
     /// Largest request body, in MiB.
     #[arg(long, default_value_t = 64)]
     max_body_mib: usize,
+    /// Connections served at once; more wait in the listen backlog until one closes (keep it
+    /// below the open-file limit, `ulimit -n`).
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds from the first byte of a request to the end of its headers before the connection
+    /// is closed.
+    #[arg(long, default_value_t = 10)]
+    header_read_timeout_secs: u64,
+    /// Seconds a connection may stay open with no request in flight and no traffic.
+    #[arg(long, default_value_t = 30)]
+    idle_timeout_secs: u64,
     /// Compute dtype: f32 or bf16.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: DType,
@@ -67,6 +85,13 @@ fn parse_mode(s: &str) -> Result<LogprobMode, String> {
 
 /// Runs `rlreplay serve` until interrupted (Ctrl-C or SIGTERM).
 pub fn run(args: Args) -> Result<ExitCode> {
+    let max_body_bytes = args.max_body_mib.checked_mul(1 << 20).ok_or_else(|| {
+        anyhow!(
+            "--max-body-mib {} is too large (at most {})",
+            args.max_body_mib,
+            usize::MAX >> 20
+        )
+    })?;
     let cfg = ServeConfig {
         tokenizer: args.tokenizer,
         host: args.host,
@@ -74,10 +99,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         api_key: args.api_key,
         logprobs_mode: args.logprobs_mode,
         max_num_seqs: args.max_num_seqs,
+        max_prompts_per_request: args.max_prompts_per_request,
+        max_seqs_per_request: args.max_seqs_per_request,
         max_model_len: args.max_model_len,
         served_model_name: args.served_model_name,
         weight_version: args.weight_version,
-        max_body_bytes: args.max_body_mib << 20,
+        max_body_bytes,
+        max_connections: args.max_connections,
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(args.idle_timeout_secs),
         dtype: args.dtype,
         ..ServeConfig::new(&args.model)
     };

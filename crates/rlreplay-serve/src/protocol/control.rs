@@ -131,11 +131,13 @@ pub struct ServerInfo {
     pub generated_tokens: u64,
     /// Most sequences one decode step has served.
     pub max_running_seqs: usize,
-    /// Most requests one decode step has served.
+    /// Most prompt groups one decode step has served (one per prompt of one-prompt requests; a
+    /// prompt whose `n` is above `max_num_seqs` runs as several groups).
     pub max_running_requests: usize,
     /// Sequences decoding now.
     pub running_seqs: usize,
-    /// Prompts waiting for room in the batch.
+    /// Prompt groups waiting for room in the batch (a prompt whose `n` is above `max_num_seqs`
+    /// waits as several).
     pub waiting_prompts: usize,
     /// Requests held while generation is paused or the weights are being updated.
     pub held_requests: usize,

@@ -33,6 +33,20 @@ impl Prompt {
     pub fn is_single(&self) -> bool {
         matches!(self, Self::Ids(_) | Self::Text(_))
     }
+
+    /// The number of prompts.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Ids(_) | Self::Text(_) => 1,
+            Self::Batch(b) => b.len(),
+            Self::Texts(t) => t.len(),
+        }
+    }
+
+    /// Whether it is an empty list of prompts.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Serialize for Prompt {
@@ -139,15 +153,27 @@ impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for OneOrMany<T> {
             Value::Array(items) => items
                 .into_iter()
                 .enumerate()
-                .map(|(i, v)| serde_json::from_value(v).map_err(|e| format!("[{i}]: {e}")))
+                .map(|(i, v)| from_value(v).map_err(|e| format!("[{i}]: {e}")))
                 .collect::<Result<_, _>>()
                 .map(Self::Many)
                 .map_err(D::Error::custom),
-            v => serde_json::from_value(v)
-                .map(Self::One)
-                .map_err(D::Error::custom),
+            v => from_value(v).map(Self::One).map_err(D::Error::custom),
         }
     }
+}
+
+/// Reads `T` from `v`; an error names the offending field (`temperature: ...`) unless serde's
+/// message already does (unknown and missing fields, which [`parse_body`] turns into the param).
+fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.into_inner().to_string();
+        if path == "." || named_field(&msg).is_some() {
+            msg
+        } else {
+            format!("{path}: {msg}")
+        }
+    })
 }
 
 /// An ordered map of token (string) to log-prob, as vLLM writes `top_logprobs` entries: the
@@ -188,6 +214,20 @@ impl<'de> Deserialize<'de> for TopLogprobs {
             }
         }
         d.deserialize_map(Visit)
+    }
+}
+
+/// An optional 32-bit float field: JSON numbers beyond `f32`'s range are refused with their value
+/// and the limit, not turned into infinity.
+pub(crate) fn opt_f32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f32>, D::Error> {
+    match Option::<f64>::deserialize(d)? {
+        None => Ok(None),
+        // Rounds to the nearest f32; only values beyond its range become infinite.
+        Some(v) if (v as f32).is_finite() => Ok(Some(v as f32)),
+        Some(v) => Err(D::Error::custom(format!(
+            "{v:e} is beyond the largest value this field holds (a 32-bit float), {:e}",
+            f32::MAX
+        ))),
     }
 }
 

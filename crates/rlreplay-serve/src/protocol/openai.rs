@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    clamp_logprob, int_or_bool, neutral_only, no_stop_strings, stream_offset, FieldError, Prompt,
-    TopLogprobs,
+    clamp_logprob, int_or_bool, neutral_only, no_stop_strings, opt_f32, stream_offset, FieldError,
+    Prompt, TopLogprobs,
 };
 use crate::request::{Completion, Finish, Job, JobPrompt, Limits, SampleSpec, Tokens};
 
@@ -33,16 +33,28 @@ pub struct CompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<usize>,
     /// Sampling temperature (default 1; 0 is greedy).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub temperature: Option<f32>,
     /// Nucleus mass (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub top_p: Option<f32>,
     /// Keep the k most likely tokens (0 or -1: all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<i64>,
     /// Only 0 (off) is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub min_p: Option<f32>,
     /// Seed of the request's random streams (random when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,13 +94,25 @@ pub struct CompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     /// Only 0 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub frequency_penalty: Option<f32>,
     /// Only 0 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub presence_penalty: Option<f32>,
     /// Only 1 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub repetition_penalty: Option<f32>,
     /// Accepted and ignored (end-user id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,6 +189,8 @@ impl CompletionRequest {
             })?;
         }
         let first_stream = stream_offset(self.vllm_xargs.as_ref(), "vllm_xargs")?;
+        limits.check_prompt_count(self.prompt.len(), "prompt")?;
+        limits.check_samples(self.prompt.len(), n, "n")?;
         let prompts = tokens.prompts(&self.prompt, "prompt")?;
         let spec = SampleSpec::new(
             limits,

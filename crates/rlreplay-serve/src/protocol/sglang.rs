@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{neutral_only, no_stop_strings, stream_offset, FieldError, OneOrMany, Prompt};
+use super::{neutral_only, no_stop_strings, opt_f32, stream_offset, FieldError, OneOrMany, Prompt};
 use crate::request::{Completion, Finish, Job, JobPrompt, Limits, SampleSpec, Tokens};
 
 /// SGLang's default `max_new_tokens`.
@@ -55,16 +55,28 @@ pub struct SamplingParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_new_tokens: Option<usize>,
     /// Temperature (default 1; below 1e-5 greedy).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub temperature: Option<f32>,
     /// Nucleus mass (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub top_p: Option<f32>,
     /// Keep the k most likely tokens (-1: all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<i64>,
     /// Only 0 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub min_p: Option<f32>,
     /// Samples per prompt (the same for every prompt of a request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,13 +100,25 @@ pub struct SamplingParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_stop_trim: Option<bool>,
     /// Only 0 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub frequency_penalty: Option<f32>,
     /// Only 0 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub presence_penalty: Option<f32>,
     /// Only 1 is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "opt_f32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub repetition_penalty: Option<f32>,
     /// Extension arguments; this server reads `sample_stream_offset` (see
     /// [`SampleSpec::first_stream`]) and rejects other keys.
@@ -130,6 +154,7 @@ impl GenerateRequest {
                         "expected token ids ([int] or [[int]]); send text in `text`",
                     ));
                 }
+                limits.check_prompt_count(ids.len(), "input_ids")?;
                 tokens.prompts(ids, "input_ids")?
             }
             (None, Some(text)) => {
@@ -139,6 +164,7 @@ impl GenerateRequest {
                         "expected a string or a list of strings",
                     ));
                 }
+                limits.check_prompt_count(text.len(), "text")?;
                 tokens.prompts(text, "text")?
             }
             (Some(_), Some(_)) => {
@@ -190,6 +216,7 @@ impl GenerateRequest {
                 format!("n must be in 1..={}, got {n}", limits.max_n),
             ));
         }
+        limits.check_samples(count, n, "sampling_params.n")?;
         let flag = |v: &Option<OneOrMany<bool>>, name: &str| -> Result<bool, FieldError> {
             match v {
                 None => Ok(false),
