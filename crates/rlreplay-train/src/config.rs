@@ -394,6 +394,22 @@ pub struct RolloutSection {
     /// Remote: generate this many steps ahead of training (0: synchronous); a row more than
     /// this many versions older than the weights it trains is dropped.
     pub max_off_policy_steps: u64,
+    /// Remote: what to do with a sample the servers return that `rlreplay validate` would
+    /// refuse (an empty response, a positive log-prob, more tokens than `max_response_length`,
+    /// a token id outside the vocabulary).
+    pub invalid_samples: InvalidSamples,
+}
+
+/// `[rollout] invalid_samples`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InvalidSamples {
+    /// Stop the run with an error naming the endpoint, the sample and what is wrong with it.
+    #[default]
+    Error,
+    /// Drop the sample's whole group (groups stay equal in size) and count it
+    /// (`rollout/invalid_samples`, `rollout/dropped_invalid_rows`).
+    Drop,
 }
 
 /// `[rollout] backend`.
@@ -449,6 +465,7 @@ impl Default for RolloutSection {
             retries: 3,
             retry_backoff_s: 1.0,
             max_off_policy_steps: 0,
+            invalid_samples: InvalidSamples::Error,
         }
     }
 }

@@ -382,6 +382,10 @@ pub enum Error {
     /// An inference server refused a request (4xx).
     #[error("{0}")]
     ServerRefused(String),
+    /// An inference server returned a sample that cannot be trained on
+    /// (`[rollout] invalid_samples = "error"`).
+    #[error("{0} ([rollout] invalid_samples = \"drop\" drops such groups instead)")]
+    InvalidSample(String),
     /// No rollout endpoint is left.
     #[error(
         "no rollout endpoint is left (the last checkpoint is intact; start the servers and \

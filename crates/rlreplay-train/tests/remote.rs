@@ -195,3 +195,133 @@ fn one_step_off_policy_learns_and_counts_staleness() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A proxy in front of `upstream` that spoils the first sample of every completion answer as
+/// `spoil` does to its choice; everything else passes unchanged.
+fn spoiling_proxy(upstream: String, spoil: fn(&mut serde_json::Value)) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            let upstream = upstream.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let mut parts = line.split_whitespace();
+                let (method, path) = (parts.next().unwrap().to_owned(), parts.next().unwrap());
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut body = vec![0; len];
+                reader.read_exact(&mut body).unwrap();
+                let target = format!("{upstream}{path}");
+                let answer = if method == "POST" {
+                    ureq::post(&target)
+                        .set("Content-Type", "application/json")
+                        .send_bytes(&body)
+                } else {
+                    ureq::get(&target).call()
+                };
+                let (status, mut text) = match answer {
+                    Ok(r) => (r.status(), r.into_string().unwrap()),
+                    Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap()),
+                    Err(e) => (502, e.to_string()),
+                };
+                if path.ends_with("/completions") && status == 200 {
+                    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    spoil(&mut v["choices"][0]);
+                    text = v.to_string();
+                }
+                let mut s = s;
+                write!(
+                    s,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                )
+                .unwrap();
+            });
+        }
+    });
+    url
+}
+
+/// A server returning samples `validate` would refuse (a positive log-prob, an empty response,
+/// more tokens than asked for) is never trained on: by default the run stops naming the endpoint
+/// and the sample; with `invalid_samples = "drop"` the sample's group is dropped and counted,
+/// and the logged rollouts stay valid.
+#[test]
+fn samples_validate_would_refuse_are_never_trained_on() {
+    let seed = tempfile::tempdir().unwrap();
+    train(
+        toy_config(&[
+            "trainer.total_training_steps=1".into(),
+            "trainer.save_freq=1".into(),
+        ]),
+        seed.path(),
+    )
+    .unwrap();
+    let server = serve(&seed.path().join("checkpoints/global_step_1"));
+    let positive: fn(&mut serde_json::Value) = |c| c["logprobs"]["token_logprobs"][0] = 0.5.into();
+    let empty: fn(&mut serde_json::Value) = |c| {
+        c["token_ids"] = serde_json::json!([]);
+        c["logprobs"]["token_logprobs"] = serde_json::json!([]);
+        c["logprobs"]["tokens"] = serde_json::json!([]);
+    };
+    let long: fn(&mut serde_json::Value) = |c| {
+        for _ in 0..9 {
+            c["token_ids"].as_array_mut().unwrap().push(3.into());
+            c["logprobs"]["token_logprobs"]
+                .as_array_mut()
+                .unwrap()
+                .push((-1.0).into());
+            c["logprobs"]["tokens"]
+                .as_array_mut()
+                .unwrap()
+                .push("token_id:3".into());
+        }
+    };
+    for (spoil, words) in [
+        (positive, "log-prob 0.5 at token 0"),
+        (empty, "empty response"),
+        (long, "over max_response_length = 8"),
+    ] {
+        let proxy = spoiling_proxy(server.url(), spoil);
+        let out = tempfile::tempdir().unwrap();
+        let err = train(
+            toy_config(&remote(std::slice::from_ref(&proxy), "openai")),
+            out.path(),
+        )
+        .unwrap_err();
+        let msg = chain(&err);
+        assert!(
+            msg.contains(&proxy) && msg.contains("prompt 0 sample 0") && msg.contains(words),
+            "{msg}"
+        );
+        let out = tempfile::tempdir().unwrap();
+        let mut sets = remote(&[proxy], "openai");
+        sets.push("rollout.invalid_samples=\"drop\"".into());
+        let s = train(toy_config(&sets), out.path()).unwrap();
+        assert_eq!(s.last_metrics["rollout/invalid_samples"], 1.0, "{words}");
+        assert_eq!(
+            s.last_metrics["rollout/dropped_invalid_rows"], 8.0,
+            "{words}"
+        );
+        let ds =
+            rlreplay_data::Dataset::open(&out.path().join("rollouts").to_string_lossy()).unwrap();
+        for (step, shard) in ds.steps() {
+            let report =
+                rlreplay_data::validate_shard(&shard, step, &rlreplay_data::ReadOptions::new([]));
+            assert!(report.is_clean(), "{words}: {report}");
+        }
+    }
+    server.shutdown();
+}

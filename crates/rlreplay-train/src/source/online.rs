@@ -180,7 +180,7 @@ impl OnlineSource {
             truncated_score: cfg.reward.truncated_score,
             rollouts: ctx.run_dir.join("rollouts"),
             remote: (cfg.rollout.backend == RolloutBackend::Remote)
-                .then(|| Arc::new(Remote::new(&cfg.rollout, ctx.run_dir))),
+                .then(|| Arc::new(Remote::new(&cfg.rollout, ctx.run_dir, ctx.vocab_size))),
             pending: VecDeque::new(),
             ahead: SamplerState::default(),
             sync_s: None,
@@ -318,6 +318,11 @@ impl OnlineSource {
         let (mut picks, mut mine) = (Vec::new(), Vec::new());
         if self.comm.is_root() {
             let (p, samples) = self.server_samples(step, policy, remote, metrics)?;
+            metrics.insert("rollout/invalid_samples".into(), samples.invalid as f64);
+            metrics.insert(
+                "rollout/dropped_invalid_rows".into(),
+                samples.dropped as f64,
+            );
             let (gens, versions) = (samples.generations, samples.versions);
             // Rows more than `k` versions older than the weights they train are dropped.
             let oldest = (step - 1).saturating_sub(self.rollout.max_off_policy_steps);
@@ -431,7 +436,9 @@ impl RolloutSource for OnlineSource {
         if rows.is_empty() {
             return Err(Error::Rollouts {
                 origin: format!("step {step}"),
-                why: "every row is more than max_off_policy_steps versions old".into(),
+                why: "no row is left: every row is more than max_off_policy_steps versions old \
+                      or in a group with an invalid sample"
+                    .into(),
             });
         }
         let r = &self.rollout;

@@ -36,7 +36,7 @@ use rlreplay_serve::protocol::openai::{parse_token_placeholder, CompletionReques
 use rlreplay_serve::protocol::sglang::{self, GenerateOutput, GenerateRequest};
 use rlreplay_serve::protocol::{OneOrMany, Prompt, STREAM_OFFSET_KEY};
 
-use crate::config::{RolloutProtocol, RolloutSection, WeightSync};
+use crate::config::{InvalidSamples, RolloutProtocol, RolloutSection, WeightSync};
 use crate::error::{Error, Result};
 
 /// The environment variable whose value is sent as `Authorization: Bearer` to every endpoint.
@@ -51,6 +51,8 @@ enum Failure {
     Refused(String),
     /// The endpoint is unreachable, failing (5xx) or answered something unusable.
     Down(String),
+    /// The endpoint returned a sample that cannot be trained on.
+    Invalid(String),
 }
 
 /// One inference server.
@@ -82,6 +84,48 @@ pub struct RemoteSamples {
     pub generations: Vec<Generation>,
     /// Per sample: the policy version that generated it, when known.
     pub versions: Vec<Option<u64>>,
+    /// Samples found invalid (`[rollout] invalid_samples = "drop"`).
+    pub invalid: usize,
+    /// Rows dropped with them: their whole groups.
+    pub dropped: usize,
+}
+
+/// What is wrong with a sample, in the words `rlreplay validate` uses for a row: an empty
+/// response, a positive log-prob, more tokens than asked for, a token id outside the vocabulary.
+pub fn sample_problem(
+    tokens: &[u32],
+    logprobs: &[f32],
+    max_tokens: usize,
+    vocab: usize,
+) -> Option<String> {
+    if tokens.is_empty() {
+        return Some("empty response".into());
+    }
+    if tokens.len() > max_tokens {
+        return Some(format!(
+            "{} response tokens, over max_response_length = {max_tokens}",
+            tokens.len()
+        ));
+    }
+    if let Some((j, t)) = tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= vocab)
+    {
+        return Some(format!(
+            "response token {j} is {t}, outside the vocabulary of {vocab}"
+        ));
+    }
+    if let Some((j, l)) = logprobs
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l.is_nan() || l > 0.0)
+    {
+        return Some(format!(
+            "log-prob {l} at token {j} is not a finite non-positive number"
+        ));
+    }
+    None
 }
 
 /// A client of a fleet of inference servers; shared by the threads that generate ahead
@@ -95,14 +139,17 @@ pub struct Remote {
     api_key: Option<String>,
     retries: u32,
     backoff: Duration,
+    /// The policy's vocabulary size: sampled ids must be below it.
+    vocab: usize,
+    invalid_samples: InvalidSamples,
     /// The version every live endpoint serves, once a sync installed it.
     served: Mutex<Option<u64>>,
 }
 
 impl Remote {
     /// A client of `[rollout] endpoints`; weights go under `weights_dir` (default
-    /// `RUN_DIR/weights`).
-    pub fn new(r: &RolloutSection, run_dir: &Path) -> Self {
+    /// `RUN_DIR/weights`); sampled ids must be below `vocab`.
+    pub fn new(r: &RolloutSection, run_dir: &Path, vocab: usize) -> Self {
         let agent = ureq::AgentBuilder::new()
             .timeout(Duration::from_secs_f64(r.request_timeout_s))
             .build();
@@ -125,6 +172,8 @@ impl Remote {
             api_key: std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty()),
             retries: r.retries,
             backoff: Duration::from_secs_f64(r.retry_backoff_s),
+            vocab,
+            invalid_samples: r.invalid_samples,
             served: Mutex::new(None),
         }
     }
@@ -202,7 +251,9 @@ impl Remote {
             });
             match answer {
                 Ok(()) => {}
-                Err(Failure::Refused(m)) | Err(Failure::Down(m)) => self.endpoints[i].drop_with(m),
+                Err(Failure::Refused(m) | Failure::Down(m) | Failure::Invalid(m)) => {
+                    self.endpoints[i].drop_with(m)
+                }
             }
         }
         if self.live().is_empty() {
@@ -269,6 +320,7 @@ impl Remote {
                 match result {
                     Ok(samples) => done[s] = Some(samples),
                     Err(Failure::Refused(m)) => return Err(Error::ServerRefused(m)),
+                    Err(Failure::Invalid(m)) => return Err(Error::InvalidSample(m)),
                     Err(Failure::Down(m)) => {
                         self.endpoints[ep].drop_with(m);
                         todo.push((s, e));
@@ -279,10 +331,14 @@ impl Remote {
         let mut out = RemoteSamples {
             generations: Vec::new(),
             versions: Vec::new(),
+            invalid: 0,
+            dropped: 0,
         };
         for part in done.into_iter().flatten() {
             out.generations.extend(part.generations);
             out.versions.extend(part.versions);
+            out.invalid += part.invalid;
+            out.dropped += part.dropped;
         }
         Ok(out)
     }
@@ -352,7 +408,7 @@ impl Remote {
             // and is then tagged one version too old, never too new).
             let sent_at = self.served();
             let v = self.post(&url, &body)?;
-            self.parse(&url, v, prompts.len(), first, n, sent_at)
+            self.parse(&url, v, prompts.len(), first, n, p.max_new_tokens, sent_at)
         })
     }
 
@@ -405,8 +461,10 @@ impl Remote {
         }
     }
 
-    /// Reads a generation answer for `count` prompts of `n` samples, sent while version
-    /// `sent_at` was served.
+    /// Reads a generation answer for `count` prompts of `n` samples of at most `max_tokens`,
+    /// sent while version `sent_at` was served; every sample is checked as `validate` checks a
+    /// row ([`sample_problem`]).
+    #[allow(clippy::too_many_arguments)]
     fn parse(
         &self,
         url: &str,
@@ -414,6 +472,7 @@ impl Remote {
         count: usize,
         first: usize,
         n: usize,
+        max_tokens: usize,
         sent_at: Option<u64>,
     ) -> std::result::Result<RemoteSamples, Failure> {
         let bad = |what: String| Failure::Down(format!("{url}: {what}"));
@@ -481,7 +540,11 @@ impl Remote {
         let mut out = RemoteSamples {
             generations: Vec::with_capacity(samples.len()),
             versions: Vec::with_capacity(samples.len()),
+            invalid: 0,
+            dropped: 0,
         };
+        // Groups holding an invalid sample (`invalid_samples = "drop"`).
+        let mut bad_groups = vec![false; count];
         for (i, (tokens, logprobs, finish, reported)) in samples.into_iter().enumerate() {
             if tokens.len() != logprobs.len() {
                 return Err(bad(format!(
@@ -495,6 +558,21 @@ impl Remote {
                 "length" => true,
                 other => return Err(bad(format!("sample {i} ended with {other:?}"))),
             };
+            if let Some(why) = sample_problem(&tokens, &logprobs, max_tokens, self.vocab) {
+                match self.invalid_samples {
+                    InvalidSamples::Error => {
+                        return Err(Failure::Invalid(format!(
+                            "{url}: prompt {} sample {}: {why}",
+                            first + i / n,
+                            i % n
+                        )))
+                    }
+                    InvalidSamples::Drop => {
+                        out.invalid += 1;
+                        bad_groups[i / n] = true;
+                    }
+                }
+            }
             out.generations.push(Generation {
                 prompt: first + i / n,
                 sample: i % n,
@@ -507,6 +585,19 @@ impl Remote {
                 WeightSync::Disk => reported.or(sent_at),
             };
             out.versions.push(version);
+        }
+        if bad_groups.contains(&true) {
+            let before = out.generations.len();
+            let keep: Vec<bool> = out
+                .generations
+                .iter()
+                .map(|g| !bad_groups[g.prompt - first])
+                .collect();
+            let mut k = keep.iter();
+            out.generations.retain(|_| *k.next().unwrap_or(&false));
+            let mut k = keep.iter();
+            out.versions.retain(|_| *k.next().unwrap_or(&false));
+            out.dropped = before - out.generations.len();
         }
         Ok(out)
     }
