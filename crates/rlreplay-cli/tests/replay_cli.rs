@@ -421,6 +421,42 @@ fn validate_refuses_what_replay_refuses_and_a_failed_start_blocks_nothing() {
         "{e}"
     );
     std::fs::write(&shard, good).unwrap();
+    // With the model the rows are for, validate also checks what the trainer checks against it:
+    // token ids below its vocabulary, rows within its positions.
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rlreplay-model/tests/fixtures/tiny_tied/config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    config["max_position_embeddings"] = 12.into();
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let o = rlreplay(&[
+        "validate",
+        &data.to_string_lossy(),
+        "--model",
+        &model.to_string_lossy(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("exceed max_position_embeddings = 12") && out.contains("too_long"),
+        "{out}"
+    );
+    config["max_position_embeddings"] = 4096.into();
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let o = rlreplay(&[
+        "validate",
+        &data.to_string_lossy(),
+        "--model",
+        &model.to_string_lossy(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     let o = rlreplay(&["replay", "--config", &cfg, "--out", &run_s, "--quiet"]);
     assert!(o.status.success(), "{}", stderr(&o));
     // A run that has logged a step still refuses a fresh start.

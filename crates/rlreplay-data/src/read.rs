@@ -58,6 +58,9 @@ pub struct ReadOptions {
     pub eos: Vec<u32>,
     /// When set, token ids must be below it.
     pub vocab: Option<u32>,
+    /// When set, a row's prompt and response together must not exceed it (the model's
+    /// `max_position_embeddings`, as the trainer requires).
+    pub max_positions: Option<usize>,
 }
 
 impl ReadOptions {
@@ -67,6 +70,7 @@ impl ReadOptions {
             lenient: false,
             eos: eos.into(),
             vocab: None,
+            max_positions: None,
         }
     }
 }
@@ -813,7 +817,22 @@ fn check(
                 "empty response".into(),
             );
         }
-        if span(&d.prompt_offsets, r).is_empty() {
+        let prompt_len = span(&d.prompt_offsets, r).len();
+        if let Some(max) = opts.max_positions.filter(|&m| prompt_len + resp.len() > m) {
+            flag(
+                &mut report,
+                r,
+                resp_col,
+                IssueKind::TooLong,
+                format!(
+                    "{} tokens (prompt {prompt_len} + response {}) exceed \
+                     max_position_embeddings = {max}",
+                    prompt_len + resp.len(),
+                    resp.len()
+                ),
+            );
+        }
+        if prompt_len == 0 {
             flag(
                 &mut report,
                 r,

@@ -27,6 +27,8 @@ pub enum IssueKind {
     EmptyResponse,
     /// A prompt has no tokens (nothing predicts the first response token).
     EmptyPrompt,
+    /// A row's prompt and response exceed the model's positions.
+    TooLong,
     /// Response ids and log-probs (or a mask) differ in length.
     LengthMismatch,
     /// A log-prob is NaN, infinite or positive.

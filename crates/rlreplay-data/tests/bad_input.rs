@@ -180,6 +180,47 @@ fn empty_prompt() {
     assert_eq!(report.counts.get(&IssueKind::EmptyPrompt), Some(&1));
 }
 
+/// A row longer than the model's positions, when they are given, is refused as the trainer
+/// would refuse it.
+#[test]
+fn rows_beyond_the_models_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = small_batch();
+    let path = shard(dir.path(), &b);
+    let longest = (0..b.len())
+        .max_by_key(|&i| {
+            (
+                b.prompt(i).len() + b.response(i).len(),
+                std::cmp::Reverse(i),
+            )
+        })
+        .unwrap();
+    let total = b.prompt(longest).len() + b.response(longest).len();
+    let fits = ReadOptions {
+        max_positions: Some(total),
+        ..strict()
+    };
+    assert!(read_shard(&path, 1, &fits).is_ok());
+    let opts = ReadOptions {
+        max_positions: Some(total - 1),
+        ..strict()
+    };
+    let first = (0..b.len())
+        .find(|&i| b.prompt(i).len() + b.response(i).len() > total - 1)
+        .unwrap();
+    let msg = expect_issue(
+        &path,
+        &opts,
+        IssueKind::TooLong,
+        Some(first),
+        Some("response_token_ids"),
+    );
+    assert!(
+        msg.contains(&format!("exceed max_position_embeddings = {}", total - 1)),
+        "{msg}"
+    );
+}
+
 #[test]
 fn token_ids_at_or_above_vocab() {
     let dir = tempfile::tempdir().unwrap();

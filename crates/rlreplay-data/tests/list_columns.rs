@@ -355,7 +355,7 @@ proptest! {
                 }
             }
         }
-        let opts = ReadOptions { lenient: true, eos: vec![EOS], vocab: vocab.then_some(VOCAB) };
+        let opts = ReadOptions { lenient: true, eos: vec![EOS], vocab: vocab.then_some(VOCAB), max_positions: None };
         let (batch, report) = read_shard(&path, 1, &opts).unwrap();
         let got: BTreeSet<_> = report
             .issues

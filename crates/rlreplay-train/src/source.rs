@@ -140,6 +140,8 @@ pub struct SourceContext<'a> {
     pub stop_ids: &'a [u32],
     /// The policy's vocabulary size.
     pub vocab_size: usize,
+    /// The policy's `max_position_embeddings`: a row's prompt and response must fit in it.
+    pub max_positions: usize,
     /// Every step must carry its rows' text ([`RolloutStep::text`]): the loss needs teacher
     /// contexts.
     pub needs_text: bool,

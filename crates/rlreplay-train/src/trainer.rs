@@ -388,6 +388,7 @@ impl Trainer {
             chat: chat.clone(),
             stop_ids: &stop,
             vocab_size: policy.config().vocab_size,
+            max_positions: policy.config().max_position_embeddings,
             needs_text: uses_teacher,
             comm: comm.clone(),
         })?;

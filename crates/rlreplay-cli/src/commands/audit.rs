@@ -103,6 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         lenient: args.lenient,
         eos: eos_ids.unwrap_or_default().to_vec(),
         vocab: None,
+        max_positions: None,
     };
     let shards = ds.steps();
     let bar = progress(shards.len(), "audit");

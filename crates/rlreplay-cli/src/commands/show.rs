@@ -55,6 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         lenient: args.lenient,
         eos: eos.as_ref().map(|e| e.ids.clone()).unwrap_or_default(),
         vocab: None,
+        max_positions: None,
     };
     let (b, _) = ds.read_step(step, &opts)?;
     if args.row >= b.len() {

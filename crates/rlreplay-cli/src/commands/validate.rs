@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use rlreplay_data::{validate_shard, Dataset, ReadOptions, StepRange, ValidationReport};
 
 use super::eos::EosArgs;
@@ -17,9 +18,14 @@ pub struct Args {
     /// Skip bad rows and report their counts; exit 1 only for files that cannot be read at all.
     #[arg(long)]
     pub lenient: bool,
-    /// Token ids must be below this vocabulary size.
+    /// Token ids must be below this vocabulary size (default with --model: the model's).
     #[arg(long)]
     pub vocab: Option<u32>,
+    /// The policy the rows are for (a model directory): check them as the trainer does (token
+    /// ids below its `vocab_size`, prompt and response within its `max_position_embeddings`).
+    /// Its directory also names the end-of-sequence ids when the dataset names none.
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub eos: EosArgs,
     /// Tokenizer or model (tokenizer.json, its directory, or hf://OWNER/NAME) whose directory
@@ -39,11 +45,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let eos = args
         .eos
-        .resolve(args.tokenizer.as_deref(), Some(&ds), None)?;
+        .resolve(args.tokenizer.as_deref(), Some(&ds), args.model.as_deref())?;
+    let model = args
+        .model
+        .as_ref()
+        .map(|m| {
+            rlreplay_model::ModelConfig::from_hf_json(m.join("config.json"))
+                .with_context(|| format!("--model {}", m.display()))
+        })
+        .transpose()?;
     let opts = ReadOptions {
         lenient: args.lenient,
         eos: eos.as_ref().map(|e| e.ids.clone()).unwrap_or_default(),
-        vocab: args.vocab,
+        vocab: args.vocab.or_else(|| {
+            model
+                .as_ref()
+                .and_then(|m| u32::try_from(m.vocab_size).ok())
+        }),
+        max_positions: model.as_ref().map(|m| m.max_position_embeddings),
     };
     let shards = ds.steps();
     let bar = super::audit::progress(shards.len(), "validate");

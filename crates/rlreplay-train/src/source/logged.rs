@@ -90,6 +90,7 @@ impl LoggedSource {
                 lenient: false,
                 eos: ctx.stop_ids.to_vec(),
                 vocab: cfg.data.vocab_check.then_some(ctx.vocab_size as u32),
+                max_positions: Some(ctx.max_positions),
             },
             stop_ids: ctx.stop_ids.to_vec(),
             success_threshold: cfg.algorithm.success_reward_threshold,

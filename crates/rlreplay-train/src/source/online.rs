@@ -295,6 +295,8 @@ impl OnlineSource {
         }
         metrics.insert("timing_s/gen".into(), t_gen.elapsed().as_secs_f64());
         metrics.insert("rollout/dropped_stale_rows".into(), 0.0);
+        metrics.insert("rollout/invalid_samples".into(), 0.0);
+        metrics.insert("rollout/dropped_invalid_rows".into(), 0.0);
         for g in &mut gens {
             g.prompt += mine.start;
         }

@@ -429,6 +429,7 @@ fn audit(args: &Args, policy: &Path, comm: &dyn Collective) -> Result<ExitCode> 
         lenient: false,
         eos: eos.clone(),
         vocab: u32::try_from(model_cfg.vocab_size).ok(),
+        max_positions: Some(model_cfg.max_position_embeddings),
     };
     let mut steps = c.ds.iter(rlreplay_data::StepRange::ALL, opts);
     let (first, temperature) = agree(comm, first_step(args, &mut steps, model_cfg, root))?;
