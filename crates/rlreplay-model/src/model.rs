@@ -61,6 +61,10 @@ pub struct Model {
     /// Index into `params` of every weight.
     index: HashMap<TensorId, usize>,
     grads: Vec<Option<Tensor>>,
+    /// The exact sums behind `grads` once a second micro-batch was added: the micro-batches'
+    /// gradients summed in f64, `grads` being their rounding to the master dtype (see
+    /// [`Model::grad_sums`]).
+    sums: Vec<Option<Tensor>>,
     compute_dtype: DType,
     device: Device,
     source_dir: Option<PathBuf>,
@@ -132,6 +136,7 @@ impl Model {
             norm,
             lm_head,
             grads: vec![None; params.len()],
+            sums: vec![None; params.len()],
             params,
             index,
             compute_dtype,
@@ -394,9 +399,48 @@ impl Model {
         &self.grads
     }
 
-    /// Mutable access to the gradient buffers (for clipping, scaling or all-reduce).
+    /// Mutable access to the gradient buffers (for clipping, scaling or all-reduce). A gradient
+    /// changed here is no longer the rounding of its sum ([`Model::grad_sums`]): the sums are
+    /// dropped.
     pub fn grads_mut(&mut self) -> &mut [Option<Tensor>] {
+        self.sums.iter_mut().for_each(|s| *s = None);
         &mut self.grads
+    }
+
+    /// The accumulated gradients in f64, as summed: micro-batch gradients add up in f64 and
+    /// [`Model::grads`] is that sum rounded once to the master dtype, so the rounding does not
+    /// depend on how the micro-batches were grouped (one process adding eight, or two ranks
+    /// adding four each and then their two sums). Exact sums give the same bits in any
+    /// grouping; an f64 sum rounds only when one parameter's terms lie more than about 2^29
+    /// apart in magnitude, and that changes the final rounding about once in 2^29.
+    pub fn grad_sums(&self) -> Result<Vec<Option<Tensor>>> {
+        self.sums
+            .iter()
+            .zip(&self.grads)
+            .map(|(s, g)| match (s, g) {
+                (Some(s), _) => Ok(Some(s.clone())),
+                (None, Some(g)) => Ok(Some(g.to_dtype(DType::F64)?)),
+                (None, None) => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Sets the accumulated gradients from f64 sums (as [`Model::grad_sums`] gives them, for
+    /// example summed over data-parallel ranks): [`Model::grads`] becomes their rounding.
+    pub fn set_grad_sums(&mut self, sums: Vec<Option<Tensor>>) -> Result<()> {
+        if sums.len() != self.params.len() {
+            return Err(Error::Input(format!(
+                "{} gradient sums for {} parameters",
+                sums.len(),
+                self.params.len()
+            )));
+        }
+        let dt = self.master_dtype();
+        for ((g, s), sum) in self.grads.iter_mut().zip(self.sums.iter_mut()).zip(sums) {
+            *g = sum.as_ref().map(|t| t.to_dtype(dt)).transpose()?;
+            *s = sum;
+        }
+        Ok(())
     }
 
     /// Turns per-layer activation recompute (gradient checkpointing) on or off; off by default.
@@ -417,6 +461,7 @@ impl Model {
     /// Clears the accumulated gradients.
     pub fn zero_grad(&mut self) {
         self.grads.iter_mut().for_each(|g| *g = None);
+        self.sums.iter_mut().for_each(|s| *s = None);
     }
 
     /// The parameters holding NaN or infinite values, with how many each holds (empty for a
@@ -554,11 +599,28 @@ impl Model {
             self.collect_grads(&mut store, all, &mut fresh)?;
             lp
         };
-        for ((p, acc), grad) in self.params.iter().zip(self.grads.iter_mut()).zip(fresh) {
+        let dt = self.master_dtype();
+        for (((p, acc), sum), grad) in self
+            .params
+            .iter()
+            .zip(self.grads.iter_mut())
+            .zip(self.sums.iter_mut())
+            .zip(fresh)
+        {
             let grad = grad.ok_or_else(|| no_gradient(&p.name))?;
+            // The first micro-batch's gradient is its own sum; later ones add up in f64.
             *acc = Some(match acc.take() {
-                Some(a) => (a + grad)?,
                 None => grad,
+                Some(a) => {
+                    let before = match sum.take() {
+                        Some(s) => s,
+                        None => a.to_dtype(DType::F64)?,
+                    };
+                    let total = (before + grad.to_dtype(DType::F64)?)?;
+                    let rounded = total.to_dtype(dt)?;
+                    *sum = Some(total);
+                    rounded
+                }
             });
         }
         Ok(packed.split(&to_f64_vec(&lp)?))

@@ -22,9 +22,11 @@
 //!
 //! The one sum that is grouped differently from one process: one process adds the packs'
 //! gradients left to right, `((g₁ + g₂) + g₃) + g₄`; two ranks holding `g₁, g₂` and `g₃, g₄` add
-//! `(g₁ + g₂) + (g₃ + g₄)`. The f32 results agree when no rank but the first holds more than one
-//! pack of the mini-batch (then the groupings coincide), else they differ by the rounding of
-//! that reassociation (a few ulps of the gradient's magnitude).
+//! `(g₁ + g₂) + (g₃ + g₄)`. Both add in f64 ([`Model::grad_sums`]: the packs' f32 gradients,
+//! the ranks' partial sums) and round to f32 once, at the end; a sum of f32 values in f64 is exact
+//! unless one parameter's terms lie more than about 2^29 apart in magnitude, so the groupings
+//! give the same bits (and where an f64 sum does round, the f32 result changes about once in
+//! 2^29).
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -254,18 +256,20 @@ impl<'a> DataParallel<'a> {
             return Ok(());
         }
         let started = Instant::now();
-        let dtype = model.master_dtype();
         let present = model.grads().iter().any(Option::is_some);
+        let sums = model.grad_sums()?;
         let mut flat = Vec::with_capacity(model.params().len() + 1);
-        for (p, g) in model.params().iter().zip(model.grads()) {
+        for (p, g) in model.params().iter().zip(sums) {
             let g = match g {
-                Some(g) => g.clone(),
+                Some(g) => g,
                 None => p.var.as_detached_tensor().zeros_like()?,
             };
-            flat.push(g.flatten_all()?.to_dtype(dtype)?);
+            flat.push(g.flatten_all()?.to_dtype(DType::F64)?);
         }
-        let flag = Tensor::new(&[f64::from(u8::from(present))], model.device())?;
-        flat.push(flag.to_dtype(dtype)?);
+        flat.push(Tensor::new(
+            &[f64::from(u8::from(present))],
+            model.device(),
+        )?);
         let sum = self
             .comm
             .all_reduce_sum_tensor(&Tensor::cat(&flat, 0)?)
@@ -283,17 +287,14 @@ impl<'a> DataParallel<'a> {
             model.zero_grad();
         } else {
             let mut at = 0;
-            let dt = model.master_dtype();
-            let shapes: Vec<(candle_core::Shape, DType)> = model
-                .params()
-                .iter()
-                .map(|p| (p.var.shape().clone(), dt))
-                .collect();
-            for ((shape, dt), g) in shapes.into_iter().zip(model.grads_mut()) {
+            let mut totals = Vec::with_capacity(model.params().len());
+            for p in model.params() {
+                let shape = p.var.shape().clone();
                 let len = shape.elem_count();
-                *g = Some(sum.narrow(0, at, len)?.reshape(shape)?.to_dtype(dt)?);
+                totals.push(Some(sum.narrow(0, at, len)?.reshape(shape)?));
                 at += len;
             }
+            model.set_grad_sums(totals)?;
         }
         self.all_reduce_s
             .set(self.all_reduce_s.get() + started.elapsed().as_secs_f64());
@@ -500,21 +501,25 @@ impl<'a> DataParallel<'a> {
             model.zero_grad();
             return Ok(opt.step(model, lr)?);
         }
+        // The ranks' f64 sums are summed, then rounded once, as one process rounds its sum.
         let mut flat = Vec::with_capacity(shards.len());
-        for (p, g) in model.params().iter().zip(model.grads()) {
+        for (p, g) in model.params().iter().zip(model.grad_sums()?) {
             match g {
-                Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f64>()?),
                 None => flat.resize(flat.len() + p.var.elem_count(), 0.0),
             }
         }
-        let mut mine = vec![0f32; shards.range(me).len()];
+        let mut mine64 = vec![0f64; shards.range(me).len()];
         self.comm
-            .reduce_scatter_sum_f32(&flat, &shards, &mut mine)
+            .reduce_scatter_sum_f64(&flat, &shards, &mut mine64)
             .map_err(|source| Error::Collective {
                 what: "reduce-scatter of the gradients",
                 source,
             })?;
         drop(flat);
+        // `as` rounds to nearest, as the tensors' f64 -> f32 cast does.
+        let mine: Vec<f32> = mine64.iter().map(|&x| x as f32).collect();
+        drop(mine64);
         let shapes: Vec<candle_core::Shape> = model
             .params()
             .iter()
