@@ -10,8 +10,7 @@ use std::process::{Command, Output};
 use candle_core::{Device, Tensor};
 use rlreplay_train::rundir::{complete_checkpoints, read_metrics};
 
-mod common;
-use common::{ranks, rlreplay as single, tiny_dataset, TINY_RANDOM_MODEL};
+use crate::common::{ranks, rlreplay as single, tiny_dataset, TINY_RANDOM_MODEL};
 
 fn ok(o: &Output) {
     assert!(
