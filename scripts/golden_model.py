@@ -24,7 +24,7 @@ Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy saf
       float32 rounding). Generating only some fixtures leaves the others' files untouched.
 
   .venv/torch/bin/python scripts/golden_model.py check-rust-save
-      Runs the Rust test `hf_export` (crates/rlreplay-model/tests/golden.rs) with
+      Runs the Rust test `hf_export` (crates/rlreplay-model/tests/it/golden.rs) with
       RLREPLAY_EXPORT_DIR set: Rust loads each fixture, takes one AdamW step, saves the model with
       `save_hf` and writes its own log-probs of the fixture pairs to rust_logprobs.json. This script
       then loads every exported checkpoint with AutoModelForCausalLM.from_pretrained, unchanged,
@@ -390,7 +390,7 @@ def check_rust_save():
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, RLREPLAY_EXPORT_DIR=tmp)
         subprocess.run(
-            ["cargo", "test", "-p", "rlreplay-model", "--test", "golden", "--", "hf_export", "--exact"],
+            ["cargo", "test", "-p", "rlreplay-model", "--test", "it", "--", "golden::hf_export", "--exact"],
             cwd=ROOT, env=env, check=True,
         )
         worst = 0.0

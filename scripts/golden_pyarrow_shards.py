@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Rollout shards written by pyarrow in several layouts, with their contents, for the reader's
-tests (crates/rlreplay-data/tests/pyarrow_shards.rs).
+tests (crates/rlreplay-data/tests/it/pyarrow_shards.rs).
 
 Writes crates/rlreplay-data/tests/fixtures/pyarrow/:
   LAYOUT/data/step-0001.parquet   one 32-row shard per layout (codec, dictionary, data page

@@ -1,17 +1,16 @@
 //! Hub resolution against a tiny local server that speaks the hub's API for one fixture repository.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common::small_config;
 use rlreplay_data::error::chain;
 use rlreplay_data::synth::write_dataset;
 use rlreplay_data::{Dataset, HubConfig, HubPath, ReadOptions, StepRange};
+
+use crate::common::small_config;
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
@@ -348,7 +347,8 @@ fn downloads_only_the_selected_steps_into_the_cache() {
 fn dataset_open_reads_hub_datasets_through_the_environment() {
     let hub = FakeHub::start("owner/rollouts", fixture_files());
     let cache = tempfile::tempdir().unwrap();
-    // The only test in this binary that sets the environment.
+    // The only test in this binary that sets the environment; only hub resolution reads these
+    // variables, and no other test resolves a hub path from the environment.
     std::env::set_var("HF_ENDPOINT", &hub.endpoint);
     std::env::set_var("HF_HOME", cache.path());
     let ds = Dataset::open_steps("hf://datasets/owner/rollouts", "3..".parse().unwrap()).unwrap();

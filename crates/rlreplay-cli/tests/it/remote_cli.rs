@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 /// Settings of a short toy run: `STEPS` steps, a checkpoint after each, no validation.
 const STEPS: usize = 8;

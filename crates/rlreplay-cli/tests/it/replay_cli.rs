@@ -8,8 +8,7 @@ use rlreplay_train::rundir::read_metrics;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{rlreplay, tiny_dataset, TINY_RANDOM_MODEL};
+use crate::common::{rlreplay, tiny_dataset, TINY_RANDOM_MODEL};
 
 fn setup(dir: &Path, steps: usize) -> String {
     let data = tiny_dataset(&dir.join("data"), steps, 8, 4, 11);

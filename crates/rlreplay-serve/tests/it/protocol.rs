@@ -2,11 +2,8 @@
 //! (`tests/fixtures`) parse into the crate's types and are written back field for field, and the
 //! server's own responses have exactly the fields of those shapes.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::*;
 use rlreplay_serve::protocol::control::{ModelInfo, UpdateWeightsFromDisk, UpdateWeightsResponse};
 use rlreplay_serve::protocol::openai::{
     parse_token_placeholder, CompletionRequest, CompletionResponse, ErrorResponse,
@@ -15,6 +12,8 @@ use rlreplay_serve::protocol::sglang::{self, GenerateOutput, GenerateRequest};
 use rlreplay_serve::protocol::{parse_body, Prompt};
 use rlreplay_serve::request::{Limits, Tokens};
 use serde_json::{json, Value};
+
+use crate::common::*;
 
 fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -4,15 +4,14 @@
 //! Engine state is observed through `/get_server_info`; time bounds are generous (tens of seconds
 //! against work that would take minutes or never end).
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::{json, Value};
+
+use crate::common::*;
 
 fn info(url: &str) -> Value {
     get(url, "/get_server_info").body

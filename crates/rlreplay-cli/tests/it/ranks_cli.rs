@@ -8,8 +8,7 @@ use std::process::{Command, Output};
 
 use rlreplay_train::rundir::{complete_checkpoints, read_metrics};
 
-mod common;
-use common::{ranks, rlreplay as single, tiny_dataset, TINY_RANDOM_MODEL};
+use crate::common::{ranks, rlreplay as single, tiny_dataset, TINY_RANDOM_MODEL};
 
 fn ok(o: &Output) {
     assert!(

@@ -1,19 +1,18 @@
 //! Writing, reading, aliases, step selection and synthetic data.
 
-mod common;
-
 use std::sync::Arc;
 
 use arrow_array::builder::{
     BooleanBuilder, Float64Builder, Int64Builder, Int8Builder, LargeListBuilder, ListBuilder,
 };
 use arrow_array::{ArrayRef, BooleanArray, Int32Array, StringArray};
-use common::{small_batch, small_config, write_columns};
 use rlreplay_data::synth::{generate, write_dataset, SynthConfig};
 use rlreplay_data::{
     read_footer, read_shard, read_shard_reusing, write_shard, AuditSums, Dataset, IssueKind,
     ReadOptions, ShardWriter, StepRange, StopIds,
 };
+
+use crate::common::{small_batch, small_config, write_columns};
 
 #[test]
 fn the_footer_gives_the_log_prob_column_and_the_largest_token_id() {

@@ -16,7 +16,7 @@ struct Case {
 
 #[test]
 fn intent_beats_math_verify_without_losing_a_case() {
-    let cases: Vec<Case> = include_str!("data/intent_labels.jsonl")
+    let cases: Vec<Case> = include_str!("../data/intent_labels.jsonl")
         .lines()
         .enumerate()
         .map(|(i, l)| serde_json::from_str(l).unwrap_or_else(|e| panic!("line {}: {e}", i + 1)))

@@ -1,19 +1,18 @@
 //! Every kind of bad input gives a clear error naming file, row and column (or is skipped and
 //! counted by lenient reads), and never a panic.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::builder::{Float32Builder, Int32Builder, ListBuilder};
 use arrow_array::{ArrayRef, Float32Array, StringArray};
-use common::{small_batch, write_columns};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rlreplay_data::{
     read_shard, validate_shard, write_shard, IssueKind, ReadOptions, RolloutBatch,
 };
+
+use crate::common::{small_batch, write_columns};
 
 fn strict() -> ReadOptions {
     ReadOptions::new([999])

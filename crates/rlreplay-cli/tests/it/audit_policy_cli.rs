@@ -15,10 +15,9 @@ use rlreplay_data::synth::{write_dataset, SynthConfig};
 use rlreplay_data::{read_shard, ReadOptions};
 use serde_json::Value;
 
-mod common;
-use common::rlreplay;
+use crate::common::rlreplay;
 #[cfg(feature = "mpi")]
-use common::{ranks, tiny_dataset};
+use crate::common::{ranks, tiny_dataset};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/audit")

@@ -86,7 +86,7 @@ fn rlsd_tr_runs_on_the_toy_task() {
 }
 
 /// The full toy preset (30 steps, about a minute in a release build):
-/// `cargo test --release -p rlreplay-train --test toy_learns -- --ignored --nocapture`.
+/// `cargo test --release -p rlreplay-train --test it -- toy_learns:: --ignored --nocapture`.
 #[test]
 #[ignore]
 fn toy_preset_demo() {

@@ -1,5 +1,4 @@
 //! Helpers shared by the integration tests: small batches and raw Parquet files with any columns.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

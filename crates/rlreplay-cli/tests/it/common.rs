@@ -1,7 +1,5 @@
 //! Helpers shared by the tests of the `rlreplay` binary: the tiny random-model replay setup,
 //! `mpirun` ranks, and `rlreplay serve` on a free loopback port.
-// Each test file uses its own share of these.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -51,7 +49,8 @@ pub fn rlreplay(args: &[&str]) -> Output {
 }
 
 /// `rlreplay ARGS` on `n` MPI ranks (Open MPI's `mpirun`, allowed to run as root and to start
-/// more ranks than cores).
+/// more ranks than cores). Only the `mpi` build runs tests on ranks.
+#[cfg(feature = "mpi")]
 pub fn ranks(n: usize, args: &[&str]) -> Output {
     Command::new("mpirun")
         .args([

@@ -1,6 +1,5 @@
 //! Shared helpers: tiny random models saved as Hugging Face directories, in-process servers on
 //! 127.0.0.1 port 0, and JSON requests.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rlreplay_model::{DType, Device, Model, ModelConfig};
 
-mod common;
+use crate::common;
 
 #[test]
 fn serve_binds_loopback_answers_and_stops_on_sigterm() {

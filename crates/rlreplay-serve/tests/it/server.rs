@@ -3,15 +3,14 @@
 //! share decode steps, weight updates, pauses, and bad input answered with 4xx JSON while the
 //! server keeps serving.
 
-mod common;
-
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
 use rlreplay_sampling::engine::generate;
 use rlreplay_sampling::sampling::SamplingParams;
 use serde_json::{json, Value};
+
+use crate::common::*;
 
 fn local_params(
     temperature: f32,

@@ -9,13 +9,13 @@ use rlreplay_reward::{verify_batch, MathVerifier, Mode};
 const FILES: [(&str, &str); 3] = [
     (
         "math_verify_cases",
-        include_str!("data/math_verify_cases.jsonl"),
+        include_str!("../data/math_verify_cases.jsonl"),
     ),
     (
         "math_verify_real",
-        include_str!("data/math_verify_real.jsonl"),
+        include_str!("../data/math_verify_real.jsonl"),
     ),
-    ("intent_labels", include_str!("data/intent_labels.jsonl")),
+    ("intent_labels", include_str!("../data/intent_labels.jsonl")),
 ];
 
 /// Minimum agreement asserted per mode: every verdict (the measured level).

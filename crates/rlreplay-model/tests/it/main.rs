@@ -1,0 +1,8 @@
+//! The integration tests of `rlreplay-model`, one module per area, built as one test binary: every
+//! binary links the whole dependency tree, so one per file made linking most of the build. The
+//! modules' tests run concurrently in one process; one that changes process-wide state (the
+//! environment, the working directory) must not disturb the others.
+
+mod golden;
+mod model;
+mod ops_grad;
