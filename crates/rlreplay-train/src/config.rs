@@ -1101,6 +1101,36 @@ impl Config {
         Ok(())
     }
 
+    /// The replay configuration of the online run in `run_dir`, as TOML text: the run's
+    /// resolved configuration (`RUN_DIR/config.toml`) replaying its logged rollouts
+    /// (`RUN_DIR/rollouts`) onto its initial policy (`RUN_DIR/initial` after the toy task's
+    /// warm-up, else its `[model]`), with the same algorithm, batches, optimizer, schedule and
+    /// seed; the online-only keys are dropped and so is `[trainer] dir`. Replayed with the same
+    /// build, it trains the online run's policy bit for bit.
+    pub fn replay_of_run(run_dir: &Path) -> Result<String> {
+        let rollouts = run_dir.join("rollouts");
+        if !rollouts.is_dir() {
+            return Err(Error::config(
+                "data.path",
+                format!(
+                    "{}: no rollouts to replay: not the directory of an online run \
+                     (`rlreplay train` writes them there)",
+                    rollouts.display()
+                ),
+            ));
+        }
+        let (mut c, _) = Config::load(&run_dir.join("config.toml"), &[], SourceKind::Online)?;
+        c.source = SourceKind::Logged;
+        c.data.path = Some(rollouts.display().to_string());
+        let initial = run_dir.join("initial");
+        if initial.join("model.safetensors").is_file() {
+            c.model.path = Some(initial);
+            c.model.random = None;
+        }
+        c.trainer.dir = None;
+        c.to_toml()
+    }
+
     /// Whether the loss needs a teacher (`rlsd` / `rlrt`).
     pub fn uses_teacher(&self) -> bool {
         self.algorithm.loss_mode.needs_teacher()

@@ -193,6 +193,7 @@ impl SourceKind {
                 "rollout.retries",
                 "rollout.retry_backoff_s",
                 "rollout.max_off_policy_steps",
+                "rollout.invalid_samples",
                 "batch.train_batch_size",
             ],
         }

@@ -65,6 +65,18 @@ impl RunArgs {
         let path = self.config_path()?;
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
+        self.options_of(path, text, kind, progress)
+    }
+
+    /// [`RunArgs::options`] of configuration `text` (read from `path`).
+    pub fn options_of(
+        &self,
+        path: std::path::PathBuf,
+        text: String,
+        kind: rlreplay_train::SourceKind,
+        progress: bool,
+    ) -> anyhow::Result<rlreplay_train::RunOptions> {
+        use anyhow::Context;
         let (config, warnings) = rlreplay_train::Config::parse_reporting(&text, &self.set, kind)
             .with_context(|| format!("in config {}", path.display()))?;
         for w in warnings {

@@ -11,6 +11,11 @@ use rlreplay_train::SourceKind;
 pub struct Args {
     #[command(flatten)]
     run: super::RunArgs,
+    /// Replay an online run (a `rlreplay train` directory): its resolved configuration, its
+    /// logged rollouts and its initial policy; `--set` changes what a study varies. With the same
+    /// build it trains the online run's policy bit for bit.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with = "config")]
+    from_run: Option<std::path::PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -19,7 +24,16 @@ pub struct Args {
 /// Runs `rlreplay replay`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let progress = !args.quiet && std::io::stderr().is_terminal();
-    let opts = args.run.options(SourceKind::Logged, progress)?;
+    let opts = match &args.from_run {
+        Some(dir) if !args.run.resume => {
+            let text = rlreplay_train::Config::replay_of_run(dir)
+                .with_context(|| format!("--from-run {}", dir.display()))?;
+            args.run
+                .options_of(dir.join("config.toml"), text, SourceKind::Logged, progress)?
+        }
+        // A resumed replay reads its own saved configuration.
+        _ => args.run.options(SourceKind::Logged, progress)?,
+    };
     let out = opts.out.clone();
     let summary =
         rlreplay_train::run(&opts).with_context(|| format!("replay into {}", out.display()))?;

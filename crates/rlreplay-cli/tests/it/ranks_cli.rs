@@ -732,3 +732,39 @@ fn zero_1_in_bf16_shards_the_master_weights_and_gives_the_weights_of_one_process
     let log = std::fs::read_to_string(two.join("run.log")).unwrap();
     assert!(!log.contains("sharded master weights"), "{log}");
 }
+
+/// An online run on two ranks replayed with `replay --from-run` on two ranks and on one process:
+/// the online run's weights and optimizer state at every checkpoint, bit for bit.
+#[test]
+fn replay_from_run_on_one_and_two_ranks_is_the_online_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let online = tmp.path().join("online");
+    ok(&train_on(2, &online, true, 4, &[]));
+    let from = online.to_string_lossy().into_owned();
+    for n in [1, 2] {
+        let out = tmp.path().join(format!("replay{n}"));
+        let out_s = out.to_string_lossy().into_owned();
+        let args = ["replay", "--from-run", &from, "--out", &out_s, "--quiet"];
+        ok(&if n == 1 {
+            single(&args)
+        } else {
+            ranks(n, &args)
+        });
+        let steps = complete_checkpoints(&online.join("checkpoints")).unwrap();
+        assert_eq!(
+            steps,
+            complete_checkpoints(&out.join("checkpoints")).unwrap()
+        );
+        for step in steps {
+            for file in ["model.safetensors", "optimizer.safetensors"] {
+                let read = |r: &Path| {
+                    std::fs::read(r.join(format!("checkpoints/global_step_{step}/{file}"))).unwrap()
+                };
+                assert!(
+                    read(&online) == read(&out),
+                    "{n} rank(s), step {step}: {file}"
+                );
+            }
+        }
+    }
+}

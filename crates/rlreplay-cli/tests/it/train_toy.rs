@@ -556,3 +556,117 @@ fn export_writes_the_model_card_layout() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// The metrics of a step that only the sampler knows (generation, rewards, the prompt sampler's
+/// epoch, timings) or that only an online run computes (validation on the toy task's prompts).
+fn generation_only(key: &str) -> bool {
+    [
+        "timing_s/",
+        "rollout/",
+        "reward/",
+        "val-core/",
+        "val-aux/",
+        "perf/",
+    ]
+    .iter()
+    .any(|p| key.starts_with(p))
+        || key == "train/epoch"
+}
+
+/// Replaying an online run's own rollouts onto its initial policy with its configuration trains
+/// its policy bit for bit: every checkpoint's weights and optimizer state, and every metric that
+/// does not come from generation.
+#[test]
+fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let online = dir.path().join("online");
+    let online_s = online.display().to_string();
+    let config = preset();
+    let mut args = vec!["train", "--config", &config, "--out", &online_s];
+    args.extend(SHORT);
+    args.extend(["--set", "trainer.save_freq=1", "--set", "trainer.keep=4"]);
+    let o = rlreplay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let replay = dir.path().join("replay");
+    let replay_s = replay.display().to_string();
+    let o = rlreplay(&[
+        "replay",
+        "--from-run",
+        &online_s,
+        "--out",
+        &replay_s,
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("trained 4/4 steps"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let kept = rlreplay_train::rundir::complete_checkpoints(&online.join("checkpoints")).unwrap();
+    assert_eq!(
+        kept,
+        rlreplay_train::rundir::complete_checkpoints(&replay.join("checkpoints")).unwrap()
+    );
+    assert!(kept.len() >= 2 && kept.contains(&4), "{kept:?}");
+    for step in kept {
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            let read = |run: &Path| {
+                std::fs::read(run.join(format!("checkpoints/global_step_{step}/{file}"))).unwrap()
+            };
+            assert!(
+                read(&online) == read(&replay),
+                "step {step}: {file} differs"
+            );
+        }
+    }
+    let (a, b) = (
+        read_metrics(&online, false).unwrap(),
+        read_metrics(&replay, false).unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        // Every metric of the online step that generation does not decide, the same bits (the
+        // replay adds its schedule's own).
+        let keep = |m: &serde_json::Map<String, serde_json::Value>| -> Vec<(String, String)> {
+            m.iter()
+                .filter(|(k, _)| !generation_only(k) && x.contains_key(*k))
+                .map(|(k, v)| (k.clone(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(keep(x), keep(y));
+    }
+    // A study varies what it likes on top (here the learning rate), and the run directory's
+    // own configuration continues a stopped replay.
+    let varied = dir.path().join("varied");
+    let varied_s = varied.display().to_string();
+    let o = rlreplay(&[
+        "replay",
+        "--from-run",
+        &online_s,
+        "--out",
+        &varied_s,
+        "--quiet",
+        "--set",
+        "optim.lr=1e-5",
+        "--stop-after",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = rlreplay(&["replay", "--out", &varied_s, "--resume", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let saved = std::fs::read_to_string(varied.join("config.toml")).unwrap();
+    assert!(
+        saved.contains("lr = 1e-5") || saved.contains("lr = 0.00001"),
+        "{saved}"
+    );
+    // Not an online run: the error names what is missing.
+    let o = rlreplay(&["replay", "--from-run", &replay_s, "--out", &varied_s]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("rollouts"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -54,6 +54,16 @@ impl LoggedSource {
             path: path.to_owned(),
             source: Box::new(source),
         })?;
+        // The ids that ended the responses: `[data] eos_token_id`, else those the dataset
+        // names (every dataset rlreplay writes does), else the model's.
+        let dataset_stop = dataset.stop_ids().map_err(|source| Error::Dataset {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        let stop_ids = match (&cfg.data.eos_token_id, dataset_stop) {
+            (None, Some(named)) => named.ids,
+            _ => ctx.stop_ids.to_vec(),
+        };
         let available: Vec<i64> = dataset.steps().iter().map(|s| s.0).collect();
         let selected: Vec<i64> = match &cfg.data.steps {
             Some(r) => {
@@ -88,11 +98,11 @@ impl LoggedSource {
             // takes the first end-of-response id; the source judges rows by all of them.
             read: ReadOptions {
                 lenient: false,
-                eos: ctx.stop_ids.to_vec(),
+                eos: stop_ids.clone(),
                 vocab: cfg.data.vocab_check.then_some(ctx.vocab_size as u32),
                 max_positions: Some(ctx.max_positions),
             },
-            stop_ids: ctx.stop_ids.to_vec(),
+            stop_ids,
             success_threshold: cfg.algorithm.success_reward_threshold,
             text,
         })
