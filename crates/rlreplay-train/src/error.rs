@@ -280,10 +280,11 @@ pub enum Error {
     /// A model directory that lacks the tokenizer files a feature needs.
     #[error("{0}")]
     NoTokenizer(String),
-    /// No end-of-sequence id in the configuration or the model directory.
+    /// No end-of-sequence id in the configuration, the dataset or the model directory.
     #[error(
-        "[data] eos_token_id: the model names no end-of-sequence token (eos_token_id in \
-         config.json or generation_config.json, eos_token in tokenizer_config.json); set it"
+        "[data] eos_token_id: neither the dataset nor the model names an end-of-sequence token \
+         (eos_token_id in config.json or generation_config.json, eos_token in \
+         tokenizer_config.json); set it"
     )]
     NoEos,
     /// A teacher that does not fit its student or its inputs.

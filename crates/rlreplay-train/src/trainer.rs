@@ -210,7 +210,8 @@ fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// The token ids that end a response: `[data] eos_token_id`, else the model directory's.
+/// The token ids that end a response: `[data] eos_token_id`, else the model directory's. Empty
+/// for a logged source whose model names none: its dataset may name them.
 fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> Result<Vec<u32>> {
     if let Some(ids) = &cfg.data.eos_token_id {
         return Ok(ids.to_vec());
@@ -219,7 +220,7 @@ fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> R
         Some(dir) => rlreplay_sampling::stop_ids(dir, chat.map(|c| &c.tokenizer))?,
         None => Vec::new(),
     };
-    if ids.is_empty() {
+    if ids.is_empty() && cfg.source != SourceKind::Logged {
         return Err(Error::NoEos);
     }
     Ok(ids)

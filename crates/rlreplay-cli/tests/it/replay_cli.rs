@@ -464,6 +464,46 @@ fn validate_refuses_what_replay_refuses_and_a_failed_start_blocks_nothing() {
     assert!(stderr(&o).contains("already holds a run"), "{}", stderr(&o));
 }
 
+/// A random model names no end-of-sequence id: the dataset's own ids do, and without them
+/// (a dataset written by another tool) the error says to set `[data] eos_token_id`.
+#[test]
+fn the_datasets_stop_ids_serve_a_model_that_names_none() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 2);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("eos_token_id = 1\n", "");
+    std::fs::write(&cfg, &text).unwrap();
+    let out = tmp.path().join("run");
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out.to_string_lossy(),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let data = tmp.path().join("data");
+    for step in [1, 2] {
+        let shard = data.join(format!("data/step-{step:04}.parquet"));
+        let (b, _) =
+            rlreplay_data::read_shard(&shard, step, &rlreplay_data::ReadOptions::new([1])).unwrap();
+        rlreplay_data::write_shard(&data, &b).unwrap();
+    }
+    let out = tmp.path().join("run2");
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out.to_string_lossy(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("[data] eos_token_id"), "{}", stderr(&o));
+}
+
 /// A tmpfs mounted for the life of the value.
 struct Tmpfs(PathBuf);
 

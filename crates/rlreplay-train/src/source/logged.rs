@@ -64,6 +64,9 @@ impl LoggedSource {
             (None, Some(named)) => named.ids,
             _ => ctx.stop_ids.to_vec(),
         };
+        if stop_ids.is_empty() {
+            return Err(Error::NoEos);
+        }
         let available: Vec<i64> = dataset.steps().iter().map(|s| s.0).collect();
         let selected: Vec<i64> = match &cfg.data.steps {
             Some(r) => {
