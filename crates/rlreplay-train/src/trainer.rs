@@ -572,8 +572,10 @@ impl Trainer {
                 dp.gather_masters(&mut self.policy)?;
             }
             if validating {
+                let t_test = Instant::now();
                 if let Some(v) = self.validate(step)? {
                     metrics.extend(v);
+                    metrics.insert("timing_s/testing".into(), t_test.elapsed().as_secs_f64());
                 }
             }
             if let Some(run) = &mut self.run {
@@ -824,12 +826,9 @@ impl Trainer {
         let tokens = (batch.prompt_tokens.len() + batch.response_tokens.len()) as u64;
         self.state.tokens_trained += tokens;
         self.state.global_step = step;
-        perf_metrics(
-            &mut metrics,
-            tokens,
-            started.elapsed().as_secs_f64(),
-            self.state.skipped_updates,
-        );
+        let step_s = started.elapsed().as_secs_f64();
+        metrics.insert("timing_s/step".into(), step_s);
+        perf_metrics(&mut metrics, tokens, step_s, self.state.skipped_updates);
         metrics.insert("train/skipped_updates".into(), out.skipped as f64);
         // The column name of the run directory's training_scores.csv.
         metrics.insert("train/skipped_steps".into(), out.skipped as f64);

@@ -9,6 +9,7 @@
 //! loss or gradient is not finite is skipped (its gradients are dropped).
 
 use std::ops::Range;
+use std::time::Instant;
 
 use rlreplay_algo::metrics::{merge_rule, Merge};
 use rlreplay_algo::{
@@ -112,10 +113,16 @@ pub fn update(
 
     // ℓ_old (the policy before this update) when the loss or the correction needs it.
     let rs = !algo.rejection_options()?.is_empty();
+    let t_old = Instant::now();
     let old: Option<Vec<f64>> = if algo.bypass_mode {
         Some(rollout.clone())
     } else if algo.rollout_is.is_some() || rs || algo.loss_mode.needs_old_logprobs(updates) {
-        Some(dp.logprobs(policy, &pairs, budget, tau)?)
+        let lp = dp.logprobs(policy, &pairs, budget, tau)?;
+        metrics.insert(
+            "timing_s/old_log_prob".into(),
+            t_old.elapsed().as_secs_f64(),
+        );
+        Some(lp)
     } else {
         None
     };
@@ -146,6 +153,7 @@ pub fn update(
     let mut mb_metrics: Vec<Metrics> = Vec::new();
     let (mut applied, mut skipped) = (0u64, 0u64);
     let mut grad_norms = Vec::new();
+    let t_actor = Instant::now();
     for epoch in 0..settings.ppo_epochs {
         for rows in &minibatches {
             let tok = offsets[rows.start]..offsets[rows.end];
@@ -241,6 +249,10 @@ pub fn update(
             }
         }
     }
+    metrics.insert(
+        "timing_s/update_actor".into(),
+        t_actor.elapsed().as_secs_f64(),
+    );
     if let Some(ti) = teacher {
         if applied > 0 {
             ti.teacher.follow(policy)?;

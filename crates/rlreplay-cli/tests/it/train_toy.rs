@@ -670,3 +670,38 @@ fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A step's time is broken down by phase in its metrics, with verl's names.
+#[test]
+fn a_steps_time_is_broken_down_by_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.display().to_string();
+    let config = preset();
+    let mut args = vec!["train", "--config", &config, "--out", &out_s];
+    args.extend(SHORT);
+    let o = rlreplay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let metrics = read_metrics(&out, true).unwrap();
+    for m in &metrics {
+        for key in [
+            "timing_s/gen",
+            "timing_s/reward",
+            "timing_s/update",
+            "timing_s/update_actor",
+            "timing_s/step",
+        ] {
+            assert!(m[key].as_f64().is_some_and(|t| t >= 0.0), "{key}: {m}");
+        }
+        let parts = m["timing_s/gen"].as_f64().unwrap()
+            + m["timing_s/reward"].as_f64().unwrap()
+            + m["timing_s/update"].as_f64().unwrap();
+        assert!(parts <= m["timing_s/step"].as_f64().unwrap() + 1e-3, "{m}");
+    }
+    // Validation every 2 steps.
+    assert!(
+        metrics[1]["timing_s/testing"].as_f64().is_some(),
+        "{}",
+        metrics[1]
+    );
+}
