@@ -711,6 +711,27 @@ impl Trainer {
     pub fn step(&mut self, step: u64) -> Result<Metrics> {
         let started = Instant::now();
         let mut rollouts = self.source.next_step(step, &self.policy)?;
+        // A schedule's filters may leave a step without rows (every group all-right or all-wrong
+        // under `drop_solve_*`): the step is skipped, counted, and trains nothing.
+        let filtered = rollouts
+            .metrics
+            .get("schedule/groups_in")
+            .is_some_and(|&g| g > 0.0);
+        if rollouts.batch.is_empty() && filtered {
+            let mut metrics = std::mem::take(&mut rollouts.metrics);
+            self.state.global_step = step;
+            metrics.insert("train/skipped_steps".into(), 1.0);
+            metrics.insert("train/skipped_updates".into(), 0.0);
+            metrics.insert(
+                "train/optimizer_steps".into(),
+                self.state.optimizer_steps as f64,
+            );
+            let secs = started.elapsed().as_secs_f64();
+            metrics.insert("timing_s/step".into(), secs);
+            perf_metrics(&mut metrics, 0, secs, self.state.skipped_updates);
+            self.source.on_policy_updated(step, &self.policy)?;
+            return Ok(metrics);
+        }
         rollouts.check()?;
         if self.cfg.batch.shuffle {
             rollouts = self.shuffle_groups(step, rollouts);

@@ -504,6 +504,41 @@ fn the_datasets_stop_ids_serve_a_model_that_names_none() {
     assert!(stderr(&o).contains("[data] eos_token_id"), "{}", stderr(&o));
 }
 
+/// A step whose groups the schedule's filters all drop (here every rollout of step 2 failed,
+/// under `drop_solve_none`) is skipped and counted; the others train as without it.
+#[test]
+fn a_step_the_filters_empty_is_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(tmp.path(), 3);
+    let data = tmp.path().join("data");
+    let shard = data.join("data/step-0002.parquet");
+    let (mut b, _) =
+        rlreplay_data::read_shard(&shard, 2, &rlreplay_data::ReadOptions::new([1])).unwrap();
+    b.scores.iter_mut().for_each(|s| *s = 0.0);
+    rlreplay_data::ShardWriter::new(&data)
+        .stop_ids(rlreplay_data::StopIds::new([1], "test"))
+        .write(&b)
+        .unwrap();
+    let out = tmp.path().join("run");
+    let o = rlreplay(&[
+        "replay",
+        "--config",
+        &cfg,
+        "--out",
+        &out.to_string_lossy(),
+        "--quiet",
+        "--set",
+        "schedule.drop_solve_none=true",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = read_metrics(&out, false).unwrap();
+    assert_eq!(m.len(), 3);
+    assert_eq!(m[1]["train/skipped_steps"], 1.0, "{}", m[1]);
+    assert_eq!(m[1]["schedule/rows"], 0.0, "{}", m[1]);
+    assert_eq!(m[1]["train/optimizer_steps"], m[0]["train/optimizer_steps"]);
+    assert_eq!(m[2]["train/skipped_steps"], 0.0, "{}", m[2]);
+}
+
 /// A tmpfs mounted for the life of the value.
 struct Tmpfs(PathBuf);
 
