@@ -1,5 +1,7 @@
 from typing import Any, Optional, Sequence
 
+import pyarrow
+
 __version__: str
 
 def verify(gold: str, answer: str, mode: str = "maxrl", timeout: float = 1.0) -> float:
@@ -39,4 +41,24 @@ def compute_score(
     ``rules`` overrides the dispatch (``"source=kind,*=kind"``, as ``[reward] rules``).
     Raises ``ValueError`` for bad rules, a ground truth that is neither a string nor a number,
     or a non-positive timeout.
+    """
+
+class Dataset:
+    """A rollout dataset opened by :func:`open_dataset`; steps are read one at a time."""
+
+    @property
+    def steps(self) -> list[int]:
+        """The dataset's steps, increasing."""
+
+    def read_step(self, step: int) -> "pyarrow.Table":
+        """Reads and validates one step as a ``pyarrow.Table`` in the canonical schema.
+
+        Raises ``ValueError`` for a step the dataset lacks or a shard that fails validation.
+        Needs pyarrow.
+        """
+
+def open_dataset(path: str) -> Dataset:
+    """Opens a rollout dataset: a directory in the published layout, a directory of shards,
+    one file, a glob or a hub id (``hf://datasets/OWNER/NAME``). Nothing is read until a step
+    is asked for. Raises ``ValueError`` when no shard is found.
     """

@@ -1,15 +1,20 @@
 //! The `rlreplay` Python module (`rlreplay._rlreplay`, re-exported by `python/rlreplay`): the math
 //! verifier of `rlreplay verify` and the reward dispatch by data source of the trainer and
-//! `rlreplay eval`, for Python trainers (verl's `compute_score`, TRL reward functions).
+//! `rlreplay eval`, for Python trainers (verl's `compute_score`, TRL reward functions), and rollout
+//! datasets whose steps are handed to pyarrow through the Arrow C stream interface.
 //!
 //! Bad arguments raise `ValueError` naming the argument; verification itself never panics
 //! (rlreplay-reward catches and bounds it), and the GIL is released while answers are graded.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
+use arrow_array::ffi_stream::FFI_ArrowArrayStream;
+use arrow_array::RecordBatchIterator;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyCapsule, PyFloat, PyInt, PyString};
+use rlreplay_data::{write::to_record_batch, Dataset, ReadOptions};
 use rlreplay_reward::{Limits, MathVerifier, Mode, RewardDispatch};
 
 /// A `ValueError` naming the argument `arg`.
@@ -65,7 +70,7 @@ fn verify_batch(
     golds: Vec<String>,
     answers: Vec<String>,
     mode: &str,
-    threads: Option<usize>,
+    threads: Option<i64>,
     timeout: f64,
 ) -> PyResult<Vec<f64>> {
     let v = verifier(mode, timeout)?;
@@ -76,10 +81,10 @@ fn verify_batch(
         ));
     }
     let pool = match threads {
-        Some(0) => return Err(bad("threads", "must be at least 1")),
+        Some(n) if n < 1 => return Err(bad("threads", format!("must be at least 1, got {n}"))),
         Some(n) => Some(
             rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
+                .num_threads(usize::try_from(n).map_err(|e| bad("threads", e))?)
                 .build()
                 .map_err(|e| bad("threads", e))?,
         ),
@@ -151,12 +156,90 @@ fn compute_score(
     }))
 }
 
+/// A rollout dataset opened by [`open_dataset`]: its steps, read one at a time.
+#[pyclass(name = "Dataset", module = "rlreplay", frozen)]
+struct PyDataset {
+    inner: Dataset,
+}
+
+#[pymethods]
+impl PyDataset {
+    /// The dataset's steps, increasing.
+    #[getter]
+    fn steps(&self) -> Vec<i64> {
+        self.inner.steps().into_iter().map(|(s, _)| s).collect()
+    }
+
+    /// Reads and validates step `step` as a `pyarrow.Table` in the canonical schema (the columns
+    /// `rlreplay` writes, whatever the shard's aliases).
+    fn read_step<'py>(&self, py: Python<'py>, step: i64) -> PyResult<Bound<'py, PyAny>> {
+        let batch = py
+            .detach(|| {
+                let (batch, _) = self.inner.read_step(step, &ReadOptions::new(Vec::new()))?;
+                to_record_batch(&batch)
+            })
+            .map_err(|e| bad("step", e))?;
+        let schema = batch.schema();
+        let reader = RecordBatchIterator::new([Ok(batch)], schema);
+        let stream = ArrowStream(Mutex::new(Some(FFI_ArrowArrayStream::new(Box::new(
+            reader,
+        )))));
+        py.import("pyarrow")?.call_method1("table", (stream,))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "rlreplay.Dataset({:?}, {} steps)",
+            self.inner.spec(),
+            self.inner.steps().len()
+        )
+    }
+}
+
+/// An Arrow C stream handed to pyarrow once through the Arrow PyCapsule interface.
+#[pyclass(module = "rlreplay", frozen)]
+struct ArrowStream(Mutex<Option<FFI_ArrowArrayStream>>);
+
+#[pymethods]
+impl ArrowStream {
+    /// The stream as an `arrow_array_stream` capsule (its destructor releases an unconsumed
+    /// stream); a second call raises `ValueError`.
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        let stream = self
+            .0
+            .lock()
+            .ok()
+            .and_then(|mut s| s.take())
+            .ok_or_else(|| bad("stream", "already consumed"))?;
+        PyCapsule::new_with_value(py, stream, c"arrow_array_stream")
+    }
+}
+
+/// Opens a rollout dataset: a directory in the published layout (`DIR/data/step-NNNN.parquet`),
+/// a directory of shards, one file, a glob or a hub id (`hf://datasets/OWNER/NAME`), as the
+/// CLI's `audit` and `replay` do. Nothing is read until a step is asked for.
+#[pyfunction]
+fn open_dataset(py: Python<'_>, path: &str) -> PyResult<PyDataset> {
+    let inner = py
+        .detach(|| Dataset::open(path))
+        .map_err(|e| bad("path", e))?;
+    Ok(PyDataset { inner })
+}
+
 /// The native part of the `rlreplay` package.
 #[pymodule(name = "_rlreplay")]
 fn rlreplay_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_batch, m)?)?;
     m.add_function(wrap_pyfunction!(compute_score, m)?)?;
+    m.add_function(wrap_pyfunction!(open_dataset, m)?)?;
+    m.add_class::<PyDataset>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
