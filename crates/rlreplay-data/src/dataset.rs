@@ -14,7 +14,7 @@ use crate::hub::HubPath;
 use crate::read::{read_shard, read_shard_reusing, ReadOptions};
 use crate::report::ValidationReport;
 use crate::steps::StepRange;
-use crate::stop::{StopIds, STOP_IDS_KEY};
+use crate::stop::StopIds;
 
 /// A rollout dataset: one Parquet shard per trainer step, ordered by step.
 ///
@@ -88,20 +88,14 @@ impl Dataset {
     }
 
     /// The stop ids the dataset names: those in the footer of its first shard that opens as
-    /// Parquet ([`STOP_IDS_KEY`]); `None` when that footer names none (datasets written by other
+    /// Parquet ([`crate::STOP_IDS_KEY`]); `None` when that footer names none (datasets written by other
     /// tools). Only footers are read. A value that does not parse is an error naming the file.
     pub fn stop_ids(&self) -> Result<Option<StopIds>> {
         for (_, path) in &self.shards {
-            let Ok(reader) = File::open(path).map(SerializedFileReader::new) else {
+            let Ok(Ok(reader)) = File::open(path).map(SerializedFileReader::new) else {
                 continue;
             };
-            let Ok(reader) = reader else { continue };
-            let kv = reader.metadata().file_metadata().key_value_metadata();
-            return kv
-                .and_then(|kv| kv.iter().find(|k| k.key == STOP_IDS_KEY))
-                .and_then(|k| k.value.as_deref())
-                .map(|v| StopIds::from_json(path, v))
-                .transpose();
+            return StopIds::in_footer(path, reader.metadata().file_metadata());
         }
         Ok(None)
     }

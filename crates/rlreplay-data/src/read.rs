@@ -27,7 +27,7 @@ use crate::batch::RolloutBatch;
 use crate::error::{chain, Error, Result};
 use crate::lists::{read_float_lists, read_token_lists, ListLeaf, ListSource};
 use crate::report::{Issue, IssueKind, ValidationReport};
-use crate::stop::{StopIds, STOP_IDS_KEY};
+use crate::stop::StopIds;
 
 /// Accepted names of the prompt-token column, in order of preference.
 pub const PROMPT_ALIASES: &[&str] = &["prompt_token_ids", "prompt_ids"];
@@ -163,14 +163,7 @@ pub fn read_footer(path: &Path) -> Result<ShardFooter> {
             }
         }
     }
-    let stop_ids = meta
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == STOP_IDS_KEY))
-        .and_then(|k| k.value.as_deref())
-        .map(|v| StopIds::from_json(path, v))
-        .transpose()?;
+    let stop_ids = StopIds::in_footer(path, meta.metadata().file_metadata())?;
     Ok(ShardFooter {
         rows,
         log_probs: cols.log_probs,

@@ -35,6 +35,19 @@ impl StopIds {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// The stop ids a footer's key-value metadata names under [`STOP_IDS_KEY`] (of the shard
+    /// `path`, for errors); `None` when it names none.
+    pub(crate) fn in_footer(
+        path: &Path,
+        meta: &parquet::file::metadata::FileMetaData,
+    ) -> Result<Option<Self>> {
+        meta.key_value_metadata()
+            .and_then(|kv| kv.iter().find(|k| k.key == STOP_IDS_KEY))
+            .and_then(|k| k.value.as_deref())
+            .map(|v| Self::from_json(path, v))
+            .transpose()
+    }
+
     /// Parses the footer value of `path`'s [`STOP_IDS_KEY`].
     pub(crate) fn from_json(path: &Path, value: &str) -> Result<Self> {
         let stop: StopIds = serde_json::from_str(value).map_err(|e| Error::BadStopIds {

@@ -52,6 +52,9 @@ pub struct RolloutStep {
     pub metrics: Metrics,
     /// Where the rows come from, for error messages (a shard's path, `step N`).
     pub origin: String,
+    /// The source left this step without rows on purpose (a schedule's filters dropped every
+    /// group): the trainer skips it, counted, instead of refusing an empty step.
+    pub skip: bool,
 }
 
 /// The text of a step's rows, for the teacher contexts.
@@ -102,6 +105,7 @@ impl RolloutStep {
             }),
             metrics: self.metrics,
             origin: self.origin,
+            skip: self.skip,
         }
     }
 }

@@ -713,11 +713,7 @@ impl Trainer {
         let mut rollouts = self.source.next_step(step, &self.policy)?;
         // A schedule's filters may leave a step without rows (every group all-right or all-wrong
         // under `drop_solve_*`): the step is skipped, counted, and trains nothing.
-        let filtered = rollouts
-            .metrics
-            .get("schedule/groups_in")
-            .is_some_and(|&g| g > 0.0);
-        if rollouts.batch.is_empty() && filtered {
+        if rollouts.skip && rollouts.batch.is_empty() {
             let mut metrics = std::mem::take(&mut rollouts.metrics);
             self.state.global_step = step;
             metrics.insert("train/skipped_steps".into(), 1.0);

@@ -212,6 +212,7 @@ impl RolloutSource for LoggedSource {
             text,
             metrics,
             origin,
+            skip: rows.is_empty() && sel.groups_in > 0,
         })
     }
 

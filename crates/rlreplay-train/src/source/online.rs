@@ -510,6 +510,7 @@ impl RolloutSource for OnlineSource {
             text: Some(text),
             metrics,
             origin: format!("step {step}"),
+            skip: false,
         })
     }
 
