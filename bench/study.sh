@@ -12,7 +12,7 @@
 #
 # Environment:
 #   SCHEDULES    cells' schedules, space-separated names (default: all of
-#                exact lag1 lag4 lag16 shuffle sub25 sub50 epochs2 mixed)
+#                exact lag1 lag4 lag16 shuffle sub25 sub50 n50 epochs2 mixed)
 #   CORRECTIONS  none token_tis seq_mis (default: all three)
 #   REFS         other online runs of the same configuration with other seeds
 #                ([trainer] seed): their final policies are scored as `online` rows beside the
@@ -20,15 +20,20 @@
 #   VAL          held-out set for `rlreplay eval` (default: the run's [data] val_files);
 #                unset and no val_files: no accuracy columns
 #   EVAL_N       samples per held-out prompt for mean@k / pass@k (default: the run's val_n, else 4)
-#   GROUP        rollouts per group in the dataset, for the subsample cells (default: read from
-#                the first shard)
+#   GROUP        rollouts per group in the dataset, for the n50 cell (default: read from the
+#                first shard)
 #   BIN          the rlreplay binary (default: target/release/rlreplay, built if missing)
 #   SET          extra `--set` overrides for every cell, space-separated KEY=VALUE (default:
 #                no validation inside the replays, `validation.test_freq=0`: each cell's final
-#                policy is scored by `rlreplay eval` instead)
+#                policy is scored by `rlreplay eval` instead; one checkpoint, the last)
+#   KEEP_OPTIMIZER  1: keep each cell's optimizer state (by default it is removed once the cell
+#                is scored: the study needs only the final weights)
 #   AUDIT_STEPS  the logged steps `audit --policy` compares the final policy with (default: the
 #                last one, the freshest behaviour; `..` for all, at the cost of a forward pass
 #                over every logged row per cell)
+#   FRESH        1: run every cell again; by default a cell that finished in OUT before (its
+#                row.csv is there) is kept, so an interrupted study, or one given more cells or
+#                REFS later, runs only what is missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:?usage: bench/study.sh RUN_DIR|- [OUT]}
@@ -37,9 +42,9 @@ BIN=${BIN:-target/release/rlreplay}
 if [ ! -x "$BIN" ]; then
   cargo build --release --locked -p rlreplay-cli
 fi
-SCHEDULES=${SCHEDULES:-"exact lag1 lag4 lag16 shuffle sub25 sub50 epochs2 mixed"}
+SCHEDULES=${SCHEDULES:-"exact lag1 lag4 lag16 shuffle sub25 sub50 n50 epochs2 mixed"}
 CORRECTIONS=${CORRECTIONS:-"none token_tis seq_mis"}
-SET=${SET:-"validation.test_freq=0 validation.val_before_train=false"}
+SET=${SET:-"validation.test_freq=0 validation.val_before_train=false trainer.save_freq=0 trainer.keep=1"}
 mkdir -p "$OUT"
 
 # The replay of one cell: the source of the rows and of the configuration.
@@ -84,8 +89,9 @@ schedule_sets() { # NAME: the --set overrides of a schedule
     exact) ;;
     lag*) echo "schedule.mode=\"lag\" schedule.lag=${1#lag}" ;;
     shuffle) echo "schedule.mode=\"shuffle\"" ;;
-    sub25) echo "schedule.subsample=$((GROUP / 4 > 1 ? GROUP / 4 : 2))" ;;
-    sub50) echo "schedule.subsample=$((GROUP / 2 > 1 ? GROUP / 2 : 2))" ;;
+    sub25) echo "schedule.group_fraction=0.25" ;;
+    sub50) echo "schedule.group_fraction=0.5" ;;
+    n50) echo "schedule.subsample=$((GROUP / 2 > 1 ? GROUP / 2 : 2))" ;;
     epochs2) echo "schedule.epochs=2 trainer.total_training_steps=1000000" ;;
     mixed) echo "schedule.drop_solve_none=true schedule.drop_solve_all=true" ;;
     *) echo "unknown schedule $1" >&2; exit 2 ;;
@@ -100,9 +106,15 @@ correction_sets() { # NAME: the --set overrides of a correction
   esac
 }
 
-echo "schedule,correction,seed,steps,mean_at_k,pass_at_k,kl_k3,ess_seq,clipfrac,wall_s" >"$OUT/results.csv"
+header="schedule,correction,seed,steps,mean_at_k,pass_at_k,kl_k3,ess_seq,clipfrac,wall_s"
+cells=()
 cell() { # SCHEDULE CORRECTION SEED [ONLINE_RUN]: a replay cell, or an online run's own policy
   local name="$1-$2-s$3" dir="$OUT/$1-$2-s$3" sets=() t0 t1
+  cells+=("$dir")
+  if [ "${FRESH:-0}" != 1 ] && [ -s "$dir/row.csv" ]; then
+    echo "$name: kept from an earlier study" >&2
+    return
+  fi
   rm -rf "$dir"
   mkdir -p "$dir"
   t0=$(date +%s.%N)
@@ -114,7 +126,7 @@ cell() { # SCHEDULE CORRECTION SEED [ONLINE_RUN]: a replay cell, or an online ru
     done
     if ! "$BIN" replay "${source_args[@]}" --out "$dir/run" "${sets[@]}" --quiet >"$dir.log" 2>&1; then
       echo "$name: replay failed (see $dir.log)" >&2
-      echo "$1,$2,$3,0,,,,,," >>"$OUT/results.csv"
+      echo "$1,$2,$3,0,,,,,," >"$dir/failed.csv"
       return
     fi
   fi
@@ -125,7 +137,7 @@ cell() { # SCHEDULE CORRECTION SEED [ONLINE_RUN]: a replay cell, or an online ru
   "$BIN" audit "$rows" --steps "$AUDIT_STEPS" --policy "$policy" --json 2>>"$dir.log" |
     tail -1 >"$dir/audit.json"
   t1=$(date +%s.%N)
-  python3 - "$dir" "$1" "$2" "$3" "$t0" "$t1" "$EVAL_N" >>"$OUT/results.csv" <<'PY'
+  python3 - "$dir" "$1" "$2" "$3" "$t0" "$t1" "$EVAL_N" >"$dir/row.csv.part" <<'PY'
 import json, os, sys
 d, sched, corr, seed, t0, t1, k = sys.argv[1:]
 metrics = [json.loads(l) for l in open(os.path.join(d, "run", "metrics.jsonl"))]
@@ -147,6 +159,10 @@ row = [sched, corr, seed, len(metrics),
        sum(clip) / len(clip) if clip else "", round(float(t1) - float(t0), 1)]
 print(",".join(str(x) for x in row))
 PY
+  mv "$dir/row.csv.part" "$dir/row.csv"
+  if [ -z "${4:-}" ] && [ "${KEEP_OPTIMIZER:-0}" != 1 ]; then
+    rm -f "$dir"/run/checkpoints/*/optimizer.safetensors
+  fi
   echo "$name: done" >&2
 }
 
@@ -162,6 +178,12 @@ for s in $SCHEDULES; do
     cell "$s" "$c" 0
   done
 done
+{
+  echo "$header"
+  for d in "${cells[@]}"; do
+    cat "$d/row.csv" 2>/dev/null || cat "$d/failed.csv"
+  done
+} >"$OUT/results.csv"
 
 PY=python3
 if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
@@ -210,6 +232,10 @@ if scored:
             if r["correction"] == corr and (r["schedule"] == "exact" or r["schedule"].startswith("lag")):
                 k = 0 if r["schedule"] == "exact" else int(r["schedule"][3:])
                 by_k.setdefault(k, []).append(num(r["mean_at_k"]))
+        if 0 not in by_k and corr == "none" and ref:
+            # The exact replay without correction is the online run bit for bit.
+            by_k[0] = [num(rows[0]["mean_at_k"])] if rows[0]["schedule"] == "online" else []
+            by_k = {k: v for k, v in by_k.items() if v}
         pts = sorted((k, statistics.mean(v)) for k, v in by_k.items())
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=corr)

@@ -299,7 +299,8 @@ pub enum ScheduleMode {
     Exact,
     /// Each epoch visits the steps in a seeded random order, with groups shuffled inside a step.
     Shuffle,
-    /// Trainer step `s` trains on the rollouts of step `s - lag`.
+    /// Trainer step `s` trains on the rollouts of step `s - lag` (on its own while no such step
+    /// exists), so the policy is `lag` updates ahead of the one that sampled its rows.
     Lag,
     /// Each trainer step draws its source step from weighted step ranges.
     Mix,
@@ -327,6 +328,9 @@ pub struct ScheduleSection {
     pub lag: u64,
     /// Keep `k` rollouts per group (seeded choice, logged order kept); 0 keeps all.
     pub subsample: usize,
+    /// Keep this fraction of each step's groups (seeded choice, logged order kept, at least
+    /// one), after the group filters; 1 keeps all.
+    pub group_fraction: f64,
     /// Drop groups in which no rollout succeeds (every score below
     /// `[algorithm] success_reward_threshold`).
     pub drop_solve_none: bool,
@@ -347,6 +351,7 @@ impl Default for ScheduleSection {
             seed: 0,
             lag: 0,
             subsample: 0,
+            group_fraction: 1.0,
             drop_solve_none: false,
             drop_solve_all: false,
             drop_truncated: false,
@@ -1080,6 +1085,15 @@ impl Config {
             }
             _ => {}
         }
+        if !(s.group_fraction > 0.0 && s.group_fraction <= 1.0) {
+            return Err(Error::config(
+                "schedule.group_fraction",
+                format!(
+                    "[schedule] group_fraction = {}: must be in (0, 1]",
+                    s.group_fraction
+                ),
+            ));
+        }
         for (i, m) in s.mix.iter().enumerate() {
             if !(m.weight > 0.0 && m.weight.is_finite()) {
                 return Err(Error::config(
@@ -1589,6 +1603,10 @@ path = "d"
         assert!(chain(&e).contains("[data] steps"), "{e:?}");
         let e = online("", &["rollout.n=0"]).unwrap_err();
         assert!(e.to_string().contains("[rollout]"), "{e}");
+        for f in ["0", "1.5", "nan"] {
+            let e = replay(BASE, &[&format!("schedule.group_fraction={f}")]).unwrap_err();
+            assert!(e.to_string().contains("group_fraction"), "{e}");
+        }
         let e = replay(BASE, &["algorithm.use_kl_loss=true"]).unwrap_err();
         assert!(e.to_string().contains("no reference policy"), "{e}");
         let e = online("", &["algorithm.use_kl_loss=true"]).unwrap_err();

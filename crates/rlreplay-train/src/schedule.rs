@@ -56,13 +56,23 @@ pub fn plan(
                 order.shuffle(&mut step_rng(cfg.seed, u64::from(epoch), 1));
                 sources.extend(order.into_iter().map(|s| (s, epoch)));
             }
-            ScheduleMode::Lag => sources.extend(
-                selected
-                    .iter()
-                    .map(|&s| s - cfg.lag as i64)
-                    .filter(|s| have.contains(s))
-                    .map(|s| (s, epoch)),
-            ),
+            ScheduleMode::Lag => {
+                // Until a shard `lag` steps older exists, a step trains on its own rollouts
+                // (the run's own updates): from then on the policy is `lag` updates ahead of
+                // the policy that sampled the rows it trains on.
+                let lagged = |s: i64| Some(s - cfg.lag as i64).filter(|s| have.contains(s));
+                if epoch == 0 && selected.iter().all(|&s| lagged(s).is_none()) {
+                    return Err(Error::config(
+                        "schedule.lag",
+                        format!(
+                            "the schedule has no stale step: lag {} leaves no selected step \
+                             with an earlier shard",
+                            cfg.lag
+                        ),
+                    ));
+                }
+                sources.extend(selected.iter().map(|&s| (lagged(s).unwrap_or(s), epoch)));
+            }
             ScheduleMode::Mix => {
                 let ranges: Vec<(Vec<i64>, f64)> = cfg
                     .mix
@@ -104,15 +114,6 @@ pub fn plan(
             }
         }
     }
-    if sources.is_empty() {
-        return Err(Error::config(
-            "schedule.lag",
-            format!(
-                "the schedule is empty: lag {} leaves no selected step with an earlier shard",
-                cfg.lag
-            ),
-        ));
-    }
     Ok(sources
         .into_iter()
         .enumerate()
@@ -137,6 +138,8 @@ pub struct SelectionStats {
     pub dropped_truncated: usize,
     /// Rows removed by subsampling.
     pub dropped_subsample: usize,
+    /// Groups removed by the group subsample (`group_fraction`).
+    pub dropped_group_fraction: usize,
     /// Rows kept.
     pub rows_out: usize,
     /// Groups kept.
@@ -144,7 +147,8 @@ pub struct SelectionStats {
 }
 
 /// Chooses the rows of one step: group filters (on the logged groups), truncation filter,
-/// subsampling, then (shuffle mode) a seeded permutation of the groups. Returns the kept row
+/// subsampling of rollouts, subsampling of groups, then (shuffle mode) a seeded permutation of
+/// the groups. Returns the kept row
 /// indices, each group's rows contiguous and in logged order.
 pub fn select_rows(
     cfg: &ScheduleSection,
@@ -187,6 +191,16 @@ pub fn select_rows(
         if !rows.is_empty() {
             kept.push(rows);
         }
+    }
+    if cfg.group_fraction < 1.0 && !kept.is_empty() {
+        let n = ((kept.len() as f64 * cfg.group_fraction).round() as usize).clamp(1, kept.len());
+        let mut pick = rand::seq::index::sample(&mut rng, kept.len(), n).into_vec();
+        pick.sort_unstable();
+        st.dropped_group_fraction = kept.len() - n;
+        kept = pick
+            .into_iter()
+            .map(|i| std::mem::take(&mut kept[i]))
+            .collect();
     }
     if cfg.mode == ScheduleMode::Shuffle {
         kept.shuffle(&mut rng);
@@ -242,10 +256,19 @@ mod tests {
         c.lag = 2;
         let p = plan(&c, &[1, 2, 3, 4], &[1, 2, 3, 4]).unwrap();
         let src: Vec<i64> = p.iter().map(|s| s.source_step).collect();
-        assert_eq!(src, [1, 2]);
+        assert_eq!(
+            src,
+            [1, 2, 1, 2],
+            "two updates of the run's own, then 2 steps stale"
+        );
         let p = plan(&c, &[3, 4], &[1, 2, 3, 4]).unwrap();
         let src: Vec<i64> = p.iter().map(|s| s.source_step).collect();
         assert_eq!(src, [1, 2]);
+        c.epochs = 2;
+        let p = plan(&c, &[1, 2, 3], &[1, 2, 3]).unwrap();
+        let src: Vec<i64> = p.iter().map(|s| s.source_step).collect();
+        assert_eq!(src, [1, 2, 1, 1, 2, 1]);
+        c.epochs = 1;
         c.lag = 9;
         assert!(plan(&c, &[3, 4], &[1, 2, 3, 4]).is_err());
     }
@@ -307,6 +330,38 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert!(rows.windows(2).all(|w| w[0] < w[1]) && rows.iter().all(|r| (4..8).contains(r)));
         assert_eq!(st.dropped_subsample, 2);
+    }
+
+    #[test]
+    fn group_fraction_keeps_whole_groups_in_order() {
+        let groups: Vec<Range<usize>> = (0..8).map(|g| g * 2..g * 2 + 2).collect();
+        let scores = [0.0f32; 16];
+        let trunc = [false; 16];
+        let mut c = cfg(ScheduleMode::Exact);
+        c.group_fraction = 0.25;
+        let step = PlannedStep {
+            global_step: 2,
+            source_step: 2,
+            epoch: 0,
+        };
+        let (rows, st) = select_rows(&c, &step, &groups, &scores, &trunc, 0.5);
+        assert_eq!(
+            (st.groups_out, st.dropped_group_fraction, rows.len()),
+            (2, 6, 4)
+        );
+        assert!(rows.windows(2).all(|w| w[0] < w[1]));
+        assert!(rows.chunks(2).all(|p| p[0] % 2 == 0 && p[1] == p[0] + 1));
+        assert_eq!(
+            rows,
+            select_rows(&c, &step, &groups, &scores, &trunc, 0.5).0
+        );
+        c.group_fraction = 0.01;
+        assert_eq!(
+            select_rows(&c, &step, &groups, &scores, &trunc, 0.5)
+                .1
+                .groups_out,
+            1
+        );
     }
 
     #[test]

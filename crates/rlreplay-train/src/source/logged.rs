@@ -192,6 +192,7 @@ impl RolloutSource for LoggedSource {
             ("dropped_solve_all", sel.dropped_solve_all),
             ("dropped_truncated", sel.dropped_truncated),
             ("dropped_subsample", sel.dropped_subsample),
+            ("dropped_group_fraction", sel.dropped_group_fraction),
         ] {
             metrics.insert(format!("schedule/{k}"), v as f64);
         }

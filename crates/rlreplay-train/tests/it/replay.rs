@@ -263,7 +263,8 @@ fn schedules_pick_the_planned_rows() {
         .iter()
         .map(|x| x["train/source_step"].as_f64().unwrap())
         .collect();
-    assert_eq!(src, [1.0, 2.0]);
+    // Two steps on their own rows, then the rows of two steps before.
+    assert_eq!(src, [1.0, 2.0, 1.0, 2.0]);
     for x in &m {
         let kept = x["schedule/groups"].as_f64().unwrap();
         let dropped = x["schedule/dropped_solve_none"].as_f64().unwrap()
@@ -279,6 +280,12 @@ fn schedules_pick_the_planned_rows() {
     for x in &m {
         assert!([1.0, 2.0, 4.0].contains(&x["train/source_step"].as_f64().unwrap()));
         assert_eq!(x["schedule/rows"], 16.0);
+    }
+    let m = source("[schedule]\ngroup_fraction = 0.25\n", "groups");
+    assert_eq!(m.len(), 4);
+    for x in &m {
+        assert_eq!(x["schedule/groups"], 2.0);
+        assert_eq!(x["schedule/dropped_group_fraction"], 6.0);
     }
 }
 
