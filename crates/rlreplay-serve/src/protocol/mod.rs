@@ -6,6 +6,99 @@
 //! field; responses carry every field of the documented shapes (absent values as `null`, as the
 //! reference servers write them).
 
+/// Declares a request body with, after its own fields, the sampling fields vLLM's completions
+/// request and SGLang's `sampling_params` share (the same names, meanings and checks), and their
+/// checks: [`check_unsupported`](openai::CompletionRequest::check_unsupported) and
+/// [`sample_spec`](openai::CompletionRequest::sample_spec).
+macro_rules! sampling_request {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident { $($fields:tt)* }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($fields)*
+            /// Samples per prompt (default 1).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub n: Option<usize>,
+            /// Sampling temperature (default 1; 0 is greedy).
+            #[serde(default, deserialize_with = "opt_f32", skip_serializing_if = "Option::is_none")]
+            pub temperature: Option<f32>,
+            /// Nucleus mass (default 1).
+            #[serde(default, deserialize_with = "opt_f32", skip_serializing_if = "Option::is_none")]
+            pub top_p: Option<f32>,
+            /// Keep the k most likely tokens (0 or -1: all).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub top_k: Option<i64>,
+            /// Only 0 (off) is supported.
+            #[serde(default, deserialize_with = "opt_f32", skip_serializing_if = "Option::is_none")]
+            pub min_p: Option<f32>,
+            /// Stop strings: only empty is supported.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub stop: Option<Value>,
+            /// Extra stop token ids (the model's end-of-sequence ids always stop unless
+            /// `ignore_eos`).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub stop_token_ids: Option<Vec<u32>>,
+            /// Do not stop on the model's end-of-sequence ids.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub ignore_eos: Option<bool>,
+            /// Drop special tokens from `text` (default true).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub skip_special_tokens: Option<bool>,
+            /// Only 0 is supported.
+            #[serde(default, deserialize_with = "opt_f32", skip_serializing_if = "Option::is_none")]
+            pub frequency_penalty: Option<f32>,
+            /// Only 0 is supported.
+            #[serde(default, deserialize_with = "opt_f32", skip_serializing_if = "Option::is_none")]
+            pub presence_penalty: Option<f32>,
+            /// Only 1 is supported.
+            #[serde(default, deserialize_with = "opt_f32", skip_serializing_if = "Option::is_none")]
+            pub repetition_penalty: Option<f32>,
+        }
+
+        impl $name {
+            /// Refuses stop strings and non-neutral penalties, naming the field after `prefix`.
+            pub fn check_unsupported(&self, prefix: &str) -> Result<(), FieldError> {
+                no_stop_strings(&self.stop).map_err(|m| FieldError::new(format!("{prefix}stop"), m))?;
+                neutral_only(
+                    prefix,
+                    [
+                        self.frequency_penalty,
+                        self.presence_penalty,
+                        self.repetition_penalty,
+                        self.min_p,
+                    ],
+                )
+            }
+
+            /// The sampling of each sample of a prompt, checked against `limits`; an error names
+            /// the field after `prefix`.
+            pub fn sample_spec(
+                &self,
+                prefix: &str,
+                limits: &crate::request::Limits,
+                seed: Option<u64>,
+                max_new_tokens: usize,
+                first_stream: u64,
+            ) -> Result<crate::request::SampleSpec, FieldError> {
+                crate::request::SampleSpec::new(
+                    limits,
+                    self.temperature,
+                    self.top_p,
+                    self.top_k,
+                    seed,
+                    max_new_tokens,
+                    self.stop_token_ids.clone().unwrap_or_default(),
+                    self.ignore_eos.unwrap_or(false),
+                    first_stream,
+                )
+                .map_err(|(name, m)| FieldError::new(format!("{prefix}{name}"), m))
+            }
+        }
+    };
+}
+
 pub mod control;
 pub mod openai;
 pub mod sglang;

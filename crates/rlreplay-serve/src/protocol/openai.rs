@@ -12,121 +12,63 @@ use super::{
     clamp_logprob, int_or_bool, neutral_only, no_stop_strings, opt_f32, stream_offset, FieldError,
     Prompt, TopLogprobs,
 };
-use crate::request::{Completion, Finish, Job, JobPrompt, Limits, SampleSpec, Tokens};
+use crate::request::{Completion, Finish, Job, JobPrompt, Limits, Tokens};
 
 /// vLLM's default `max_tokens` (also used when the field is `null`).
 pub const DEFAULT_MAX_TOKENS: usize = 16;
 
-/// A completions request (the fields an RL client sends; others are rejected).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    /// Served model name (checked when given).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// Token ids (`[int]` or `[[int]]`) or text.
-    pub prompt: Prompt,
-    /// Samples per prompt (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<usize>,
-    /// Most generated tokens per sample (default 16).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<usize>,
-    /// Sampling temperature (default 1; 0 is greedy).
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub temperature: Option<f32>,
-    /// Nucleus mass (default 1).
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub top_p: Option<f32>,
-    /// Keep the k most likely tokens (0 or -1: all).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<i64>,
-    /// Only 0 (off) is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub min_p: Option<f32>,
-    /// Seed of the request's random streams (random when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
-    /// Stop strings: only empty is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Value>,
-    /// Extra stop token ids (the model's end-of-sequence ids always stop unless `ignore_eos`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Do not stop on the model's end-of-sequence ids.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    /// Return log-probs, with this many most likely alternatives per token.
-    #[serde(
-        default,
-        deserialize_with = "int_or_bool",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub logprobs: Option<u32>,
-    /// Write `logprobs.tokens` as `token_id:N`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub return_tokens_as_token_ids: Option<bool>,
-    /// Return `token_ids` and `prompt_token_ids` in each choice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub return_token_ids: Option<bool>,
-    /// Drop special tokens from `text` (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub skip_special_tokens: Option<bool>,
-    /// Accepted for compatibility (no stop strings are matched).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub include_stop_str_in_output: Option<bool>,
-    /// Only `false` is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub echo: Option<bool>,
-    /// Only `false` is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    /// Only 0 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub frequency_penalty: Option<f32>,
-    /// Only 0 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub presence_penalty: Option<f32>,
-    /// Only 1 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub repetition_penalty: Option<f32>,
-    /// Accepted and ignored (end-user id).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Accepted and ignored (this server keeps no prefix cache).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_salt: Option<String>,
-    /// Echoed as the response id when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_id: Option<String>,
-    /// vLLM's extension arguments; this server reads `sample_stream_offset` (see
-    /// [`SampleSpec::first_stream`]) and rejects other keys.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vllm_xargs: Option<serde_json::Map<String, Value>>,
+sampling_request! {
+    /// A completions request (the fields an RL client sends; others are rejected).
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CompletionRequest {
+        /// Served model name (checked when given).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub model: Option<String>,
+        /// Token ids (`[int]` or `[[int]]`) or text.
+        pub prompt: Prompt,
+        /// Most generated tokens per sample (default 16).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_tokens: Option<usize>,
+        /// Seed of the request's random streams (random when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub seed: Option<i64>,
+        /// Return log-probs, with this many most likely alternatives per token.
+        #[serde(
+            default,
+            deserialize_with = "int_or_bool",
+            skip_serializing_if = "Option::is_none"
+        )]
+        pub logprobs: Option<u32>,
+        /// Write `logprobs.tokens` as `token_id:N`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub return_tokens_as_token_ids: Option<bool>,
+        /// Return `token_ids` and `prompt_token_ids` in each choice.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub return_token_ids: Option<bool>,
+        /// Accepted for compatibility (no stop strings are matched).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub include_stop_str_in_output: Option<bool>,
+        /// Only `false` is supported.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub echo: Option<bool>,
+        /// Only `false` is supported.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub stream: Option<bool>,
+        /// Accepted and ignored (end-user id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub user: Option<String>,
+        /// Accepted and ignored (this server keeps no prefix cache).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cache_salt: Option<String>,
+        /// Echoed as the response id when given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub request_id: Option<String>,
+        /// vLLM's extension arguments; this server reads `sample_stream_offset` (see
+        /// [`SampleSpec::first_stream`](crate::request::SampleSpec::first_stream)) and rejects other keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub vllm_xargs: Option<serde_json::Map<String, Value>>,
+    }
 }
 
 impl Default for Prompt {
@@ -153,16 +95,7 @@ impl CompletionRequest {
         check(self.stream != Some(true), "stream", || {
             "streaming is not supported; send stream=false".into()
         })?;
-        no_stop_strings(&self.stop).map_err(|m| FieldError::new("stop", m))?;
-        neutral_only(
-            "",
-            [
-                self.frequency_penalty,
-                self.presence_penalty,
-                self.repetition_penalty,
-                self.min_p,
-            ],
-        )?;
+        self.check_unsupported("")?;
         if let (Some(want), Some(served)) = (&self.model, &limits.model_name) {
             if want != served {
                 return Err(FieldError::new(
@@ -192,18 +125,13 @@ impl CompletionRequest {
         limits.check_prompt_count(self.prompt.len(), "prompt")?;
         limits.check_samples(self.prompt.len(), n, "n")?;
         let prompts = tokens.prompts(&self.prompt, "prompt")?;
-        let spec = SampleSpec::new(
+        let spec = self.sample_spec(
+            "",
             limits,
-            self.temperature,
-            self.top_p,
-            self.top_k,
             self.seed.map(|s| s as u64),
             max_tokens,
-            self.stop_token_ids.clone().unwrap_or_default(),
-            self.ignore_eos.unwrap_or(false),
             first_stream,
-        )
-        .map_err(|(param, m)| FieldError::new(param, m))?;
+        )?;
         let prompts = prompts
             .into_iter()
             .enumerate()

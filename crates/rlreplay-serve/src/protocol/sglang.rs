@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{neutral_only, no_stop_strings, opt_f32, stream_offset, FieldError, OneOrMany, Prompt};
-use crate::request::{Completion, Finish, Job, JobPrompt, Limits, SampleSpec, Tokens};
+use crate::request::{Completion, Finish, Job, JobPrompt, Limits, Tokens};
 
 /// SGLang's default `max_new_tokens`.
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 128;
@@ -47,83 +47,25 @@ pub struct GenerateRequest {
     pub rid: Option<OneOrMany<String>>,
 }
 
-/// SGLang's sampling parameters (the subset this server honours).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SamplingParams {
-    /// Most generated tokens (default 128; 0 returns no tokens).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_new_tokens: Option<usize>,
-    /// Temperature (default 1; below 1e-5 greedy).
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub temperature: Option<f32>,
-    /// Nucleus mass (default 1).
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub top_p: Option<f32>,
-    /// Keep the k most likely tokens (-1: all).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<i64>,
-    /// Only 0 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub min_p: Option<f32>,
-    /// Samples per prompt (the same for every prompt of a request).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<usize>,
-    /// Stop strings: only empty is supported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Value>,
-    /// Extra stop token ids.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Seed of the random streams.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sampling_seed: Option<u64>,
-    /// Do not stop on the model's end-of-sequence ids.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    /// Drop special tokens from `text` (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub skip_special_tokens: Option<bool>,
-    /// Accepted for compatibility (stop ids are always kept in `output_ids`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub no_stop_trim: Option<bool>,
-    /// Only 0 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub frequency_penalty: Option<f32>,
-    /// Only 0 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub presence_penalty: Option<f32>,
-    /// Only 1 is supported.
-    #[serde(
-        default,
-        deserialize_with = "opt_f32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub repetition_penalty: Option<f32>,
-    /// Extension arguments; this server reads `sample_stream_offset` (see
-    /// [`SampleSpec::first_stream`]) and rejects other keys.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub custom_params: Option<serde_json::Map<String, Value>>,
+sampling_request! {
+    /// SGLang's sampling parameters (the subset this server honours).
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct SamplingParams {
+        /// Most generated tokens (default 128; 0 returns no tokens).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_new_tokens: Option<usize>,
+        /// Seed of the random streams.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub sampling_seed: Option<u64>,
+        /// Accepted for compatibility (stop ids are always kept in `output_ids`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub no_stop_trim: Option<bool>,
+        /// Extension arguments; this server reads `sample_stream_offset` (see
+        /// [`SampleSpec::first_stream`](crate::request::SampleSpec::first_stream)) and rejects other keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub custom_params: Option<serde_json::Map<String, Value>>,
+    }
 }
 
 impl GenerateRequest {
@@ -275,32 +217,17 @@ impl GenerateRequest {
             .zip(&params)
             .enumerate()
             .map(|(p, (ids, sp))| {
-                let field = |name: &str| format!("sampling_params.{name}");
-                no_stop_strings(&sp.stop).map_err(|m| FieldError::new(field("stop"), m))?;
-                neutral_only(
-                    "sampling_params.",
-                    [
-                        sp.frequency_penalty,
-                        sp.presence_penalty,
-                        sp.repetition_penalty,
-                        sp.min_p,
-                    ],
-                )?;
+                sp.check_unsupported("sampling_params.")?;
                 let first_stream =
                     stream_offset(sp.custom_params.as_ref(), "sampling_params.custom_params")?;
                 let max_new = sp.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS);
-                let spec = SampleSpec::new(
+                let spec = sp.sample_spec(
+                    "sampling_params.",
                     limits,
-                    sp.temperature,
-                    sp.top_p,
-                    sp.top_k,
                     sp.sampling_seed,
                     max_new,
-                    sp.stop_token_ids.clone().unwrap_or_default(),
-                    sp.ignore_eos.unwrap_or(false),
                     first_stream,
-                )
-                .map_err(|(name, m)| FieldError::new(field(name), m))?;
+                )?;
                 limits.check_prompt(&ids, max_new, p, param, "sampling_params.max_new_tokens")?;
                 Ok(JobPrompt { ids, spec })
             })
