@@ -4,7 +4,9 @@
 //! `O(block × L)` per worker, never `O(T²)`, and K/V are read in place for every query head of
 //! their group.
 
-use super::cpu::{c, dot, gemm, max, slice, storage, sum, tensor, with_slices, MatRef, Real};
+use super::cpu::{
+    by_real_dtype, c, dot, gemm, max, slice, storage, sum, tensor, with_slices, MatRef, Real,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -267,11 +269,7 @@ impl CustomOp3 for PackedAttention {
             Ok(storage(out, s1.1.shape().clone()))
         }
         let args = [(s1, l1), (s2, l2), (s3, l3)];
-        match s1 {
-            CpuStorage::F32(_) => run::<f32>(self, args),
-            CpuStorage::F64(_) => run::<f64>(self, args),
-            _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
-        }
+        by_real_dtype!(self.name(), s1.dtype(), run(self, args))
     }
 
     fn bwd(
@@ -306,11 +304,7 @@ impl CustomOp3 for PackedAttention {
             ))
         }
         let args = [q, k, v, res, grad];
-        let (dq, dk, dv) = match q.dtype() {
-            candle_core::DType::F32 => run::<f32>(self, args)?,
-            candle_core::DType::F64 => run::<f64>(self, args)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let (dq, dk, dv) = by_real_dtype!(self.name(), q.dtype(), run(self, args))?;
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }

@@ -203,6 +203,29 @@ pub(crate) fn max<T: Real>(xs: &[T]) -> T {
     pick(fold_lanes(acc, pick), tail)
 }
 
+/// The kernels' one f32 / f64 dispatch: `by_real_dtype!(op, dtype, run(args..))` calls
+/// `run::<f32>` or `run::<f64>`, and `by_real_dtype!(op, dtype, |T| body)` evaluates `body` with
+/// `T` the element type; any other dtype is an error naming `op`.
+macro_rules! by_real_dtype {
+    ($op:expr, $dtype:expr, |$t:ident| $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            candle_core::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            dt => candle_core::bail!("{}: unsupported dtype {dt:?}", $op),
+        }
+    };
+    ($op:expr, $dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        by_real_dtype!($op, $dtype, |T| $f::<T>($($arg),*))
+    };
+}
+pub(crate) use by_real_dtype;
+
 /// Converts an `f64` constant to the element type.
 #[inline]
 pub(crate) fn c<T: Real>(v: f64) -> T {

@@ -7,7 +7,9 @@
 //! so the layer needs no reshape nodes around its projections; [`LinearAdd`] adds a residual in
 //! the same gemm, so the layer needs no add node after its output projections.
 
-use super::cpu::{gemm, gemm_new, slice, storage, tensor, with_slices, MatRef, Real};
+use super::cpu::{
+    by_real_dtype, gemm, gemm_new, slice, storage, tensor, with_slices, MatRef, Real,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
@@ -68,11 +70,7 @@ fn grads(op: &str, x: &Tensor, w: &Tensor, grad: &Tensor) -> Result<(Tensor, Ten
         Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
     }
     let args = [x, w, grad];
-    match x.dtype() {
-        candle_core::DType::F32 => run::<f32>(op, args),
-        candle_core::DType::F64 => run::<f64>(op, args),
-        dt => bail!("{op}: unsupported dtype {dt:?}"),
-    }
+    by_real_dtype!(op, x.dtype(), run(op, args))
 }
 
 impl CustomOp2 for Linear {
@@ -94,17 +92,10 @@ impl CustomOp2 for Linear {
             Some(h) => bail!("{n}: {out} outputs do not split into {h} heads"),
             None => (t, out).into(),
         };
-        match s1 {
-            CpuStorage::F32(_) => Ok(storage(
-                a_bt::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?, k)?,
-                shape,
-            )),
-            CpuStorage::F64(_) => Ok(storage(
-                a_bt::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?, k)?,
-                shape,
-            )),
-            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
-        }
+        by_real_dtype!(n, s1.dtype(), |T| Ok(storage(
+            a_bt::<T>(slice(n, s1, l1)?, slice(n, s2, l2)?, k)?,
+            shape,
+        )))
     }
 
     fn bwd(
@@ -151,17 +142,10 @@ impl CustomOp3 for LinearAdd {
             );
         }
         let shape = (t, out);
-        match s1 {
-            CpuStorage::F32(_) => Ok(storage(
-                r_plus_a_bt::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?, slice(n, s3, l3)?, k)?,
-                shape,
-            )),
-            CpuStorage::F64(_) => Ok(storage(
-                r_plus_a_bt::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?, slice(n, s3, l3)?, k)?,
-                shape,
-            )),
-            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
-        }
+        by_real_dtype!(n, s1.dtype(), |T| Ok(storage(
+            r_plus_a_bt::<T>(slice(n, s1, l1)?, slice(n, s2, l2)?, slice(n, s3, l3)?, k)?,
+            shape,
+        )))
     }
 
     fn bwd(

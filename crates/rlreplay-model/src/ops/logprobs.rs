@@ -9,9 +9,11 @@
 //! framework that keeps the whole logits, instead of four), and the backward pass hands them on
 //! when its upstream gradient is that `g` (it recomputes them for any other).
 
-use super::cpu::{c, dot, gemm, max, slice, storage, sum, tensor, with_slices, MatRef, Real};
+use super::cpu::{
+    by_real_dtype, c, dot, gemm, max, slice, storage, sum, tensor, with_slices, MatRef, Real,
+};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -347,11 +349,7 @@ impl CustomOp2 for TokenLogProbs {
                 .map_err(|_| candle_core::Error::Msg(format!("{n}: poisoned lock")))? = Some(grads);
             Ok(storage(out, shape))
         }
-        match s1 {
-            CpuStorage::F32(_) => run::<f32>(self, (s1, l1), (s2, l2)),
-            CpuStorage::F64(_) => run::<f64>(self, (s1, l1), (s2, l2)),
-            _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
-        }
+        by_real_dtype!(self.name(), s1.dtype(), run(self, (s1, l1), (s2, l2)))
     }
 
     fn bwd(
@@ -375,11 +373,7 @@ impl CustomOp2 for TokenLogProbs {
             Ok((tensor(dh, hid.shape())?, tensor(dw, w.shape())?))
         }
         let args = [hidden, lm_head, res, grad];
-        let (dh, dw) = match hidden.dtype() {
-            candle_core::DType::F32 => run::<f32>(self, args)?,
-            candle_core::DType::F64 => run::<f64>(self, args)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let (dh, dw) = by_real_dtype!(self.name(), hidden.dtype(), run(self, args))?;
         Ok((Some(dh), Some(dw)))
     }
 }

@@ -4,7 +4,9 @@
 //! projections' outputs and their gradients were graph nodes of their own, each gradient summed
 //! into a fresh zero tensor by candle's backward pass, and `dx` the sum of two more.
 
-use super::cpu::{gemm, gemm_new, slice, storage, tensor, with_slices, MatRef, Real};
+use super::cpu::{
+    by_real_dtype, gemm, gemm_new, slice, storage, tensor, with_slices, MatRef, Real,
+};
 use super::linear::a_bt;
 use super::swiglu;
 use candle_core::backend::BackendStorage;
@@ -93,11 +95,7 @@ impl CustomOp3 for GatedUp {
             Ok(storage(out, (t, i)))
         }
         let args = [(s1, l1), (s2, l2), (s3, l3)];
-        match s1 {
-            CpuStorage::F32(_) => run::<f32>(self, args),
-            CpuStorage::F64(_) => run::<f64>(self, args),
-            _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
-        }
+        by_real_dtype!(self.name(), s1.dtype(), run(self, args))
     }
 
     fn bwd(
@@ -129,11 +127,7 @@ impl CustomOp3 for GatedUp {
             ])
         }
         let args = [x, wg, wu, grad];
-        let [dx, dwg, dwu] = match x.dtype() {
-            candle_core::DType::F32 => run::<f32>(self, args)?,
-            candle_core::DType::F64 => run::<f64>(self, args)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let [dx, dwg, dwu] = by_real_dtype!(self.name(), x.dtype(), run(self, args))?;
         Ok((Some(dx), Some(dwg), Some(dwu)))
     }
 }

@@ -1,7 +1,8 @@
 //! Fused RMSNorm with backward (gradients for the input and the weight).
 
 use super::cpu::{
-    c, dot, dot3, new_written, rows_per_task, slice, storage, tensor, with_slices, Real,
+    by_real_dtype, c, dot, dot3, new_written, rows_per_task, slice, storage, tensor, with_slices,
+    Real,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -105,17 +106,10 @@ impl CustomOp2 for RmsNorm {
     ) -> Result<(CpuStorage, Shape)> {
         let n = self.name();
         let shape = l1.shape().clone();
-        match (s1, s2) {
-            (CpuStorage::F32(_), CpuStorage::F32(_)) => Ok(storage(
-                self.fwd::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?),
-                shape,
-            )),
-            (CpuStorage::F64(_), CpuStorage::F64(_)) => Ok(storage(
-                self.fwd::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?),
-                shape,
-            )),
-            _ => bail!("{}: unsupported dtype {:?}", self.name(), s1.dtype()),
-        }
+        by_real_dtype!(n, s1.dtype(), |T| Ok(storage(
+            self.fwd::<T>(slice(n, s1, l1)?, slice(n, s2, l2)?),
+            shape,
+        )))
     }
 
     fn bwd(
@@ -135,11 +129,7 @@ impl CustomOp2 for RmsNorm {
                 with_slices::<T, _>(op.name(), &[x, w, g], |s| op.bwd_t(s[0], s[1], s[2]))?;
             Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
         }
-        let (dx, dw) = match x.dtype() {
-            candle_core::DType::F32 => run::<f32>(self, x, w, grad)?,
-            candle_core::DType::F64 => run::<f64>(self, x, w, grad)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let (dx, dw) = by_real_dtype!(self.name(), x.dtype(), run(self, x, w, grad))?;
         Ok((Some(dx), Some(dw)))
     }
 }

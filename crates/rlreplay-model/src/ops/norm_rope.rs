@@ -2,11 +2,11 @@
 //! norms): the same two kernels, forward and backward, but one graph node instead of two, so
 //! candle's backward pass sums one gradient fewer into a fresh zero tensor per use.
 
-use super::cpu::{slice, storage, tensor, with_slices, Real};
+use super::cpu::{by_real_dtype, slice, storage, tensor, with_slices, Real};
 use super::norm::RmsNorm;
 use super::rope::rotate;
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 /// `rope(rms_norm(x, w))` for `x: [T, heads, D]`, `w: [D]`, with the tables `[T, D/2]` (CPU,
 /// contiguous, in x's dtype) held by the op.
@@ -39,17 +39,10 @@ impl CustomOp2 for NormRope {
     ) -> Result<(CpuStorage, Shape)> {
         let n = self.name();
         let shape = l1.shape().clone();
-        match (s1, s2) {
-            (CpuStorage::F32(_), CpuStorage::F32(_)) => Ok(storage(
-                self.fwd::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?)?,
-                shape,
-            )),
-            (CpuStorage::F64(_), CpuStorage::F64(_)) => Ok(storage(
-                self.fwd::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?)?,
-                shape,
-            )),
-            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
-        }
+        by_real_dtype!(n, s1.dtype(), |T| Ok(storage(
+            self.fwd::<T>(slice(n, s1, l1)?, slice(n, s2, l2)?)?,
+            shape,
+        )))
     }
 
     fn bwd(
@@ -68,11 +61,7 @@ impl CustomOp2 for NormRope {
             Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
         }
         let args = [x, w, grad];
-        let (dx, dw) = match x.dtype() {
-            candle_core::DType::F32 => run::<f32>(self, args)?,
-            candle_core::DType::F64 => run::<f64>(self, args)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let (dx, dw) = by_real_dtype!(self.name(), x.dtype(), run(self, args))?;
         Ok((Some(dx), Some(dw)))
     }
 }

@@ -1,8 +1,8 @@
 //! Fused rotary embedding (rotate-half) with backward for the input.
 
-use super::cpu::{new_written, slice, storage, tensor, with_slices, Real};
+use super::cpu::{by_real_dtype, new_written, slice, storage, tensor, with_slices, Real};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 /// `x * cos + rotate_half(x) * sin` for `x: [T, heads, D]`, tables `[T, D/2]`.
@@ -58,29 +58,16 @@ impl CustomOp3 for Rope {
     ) -> Result<(CpuStorage, Shape)> {
         let half = l1.dims()[2] / 2;
         let n = self.name();
-        match s1 {
-            CpuStorage::F32(_) => Ok(storage(
-                rotate::<f32>(
-                    slice(n, s1, l1)?,
-                    slice(n, s2, l2)?,
-                    slice(n, s3, l3)?,
-                    half,
-                    1.0,
-                ),
-                l1.shape().clone(),
-            )),
-            CpuStorage::F64(_) => Ok(storage(
-                rotate::<f64>(
-                    slice(n, s1, l1)?,
-                    slice(n, s2, l2)?,
-                    slice(n, s3, l3)?,
-                    half,
-                    1.0,
-                ),
-                l1.shape().clone(),
-            )),
-            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
-        }
+        by_real_dtype!(n, s1.dtype(), |T| Ok(storage(
+            rotate::<T>(
+                slice(n, s1, l1)?,
+                slice(n, s2, l2)?,
+                slice(n, s3, l3)?,
+                half,
+                1.0,
+            ),
+            l1.shape().clone(),
+        )))
     }
 
     fn bwd(
@@ -98,11 +85,7 @@ impl CustomOp3 for Rope {
             })?;
             tensor(dx, x.shape())
         }
-        let dx = match x.dtype() {
-            candle_core::DType::F32 => run::<f32>(x, cos, sin, grad)?,
-            candle_core::DType::F64 => run::<f64>(x, cos, sin, grad)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let dx = by_real_dtype!(self.name(), x.dtype(), run(x, cos, sin, grad))?;
         Ok((Some(dx), None, None))
     }
 }

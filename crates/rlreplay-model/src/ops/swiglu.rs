@@ -1,8 +1,10 @@
 //! Fused SwiGLU `silu(gate) * up` with backward for both inputs.
 
-use super::cpu::{assume_written, new_written, slice, storage, tensor, with_slices, Real};
+use super::cpu::{
+    assume_written, by_real_dtype, new_written, slice, storage, tensor, with_slices, Real,
+};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -95,17 +97,10 @@ impl CustomOp2 for SwiGlu {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let n = self.name();
-        match s1 {
-            CpuStorage::F32(_) => Ok(storage(
-                fwd::<f32>(slice(n, s1, l1)?, slice(n, s2, l2)?),
-                l1.shape().clone(),
-            )),
-            CpuStorage::F64(_) => Ok(storage(
-                fwd::<f64>(slice(n, s1, l1)?, slice(n, s2, l2)?),
-                l1.shape().clone(),
-            )),
-            _ => bail!("{n}: unsupported dtype {:?}", s1.dtype()),
-        }
+        by_real_dtype!(n, s1.dtype(), |T| Ok(storage(
+            fwd::<T>(slice(n, s1, l1)?, slice(n, s2, l2)?),
+            l1.shape().clone(),
+        )))
     }
 
     fn bwd(
@@ -121,11 +116,7 @@ impl CustomOp2 for SwiGlu {
             })?;
             Ok((tensor(dg, gate.shape())?, tensor(du, up.shape())?))
         }
-        let (dg, du) = match gate.dtype() {
-            candle_core::DType::F32 => run::<f32>(gate, up, grad)?,
-            candle_core::DType::F64 => run::<f64>(gate, up, grad)?,
-            dt => bail!("{}: unsupported dtype {dt:?}", self.name()),
-        };
+        let (dg, du) = by_real_dtype!(self.name(), gate.dtype(), run(gate, up, grad))?;
         Ok((Some(dg), Some(du)))
     }
 }
