@@ -53,20 +53,32 @@ impl Writer {
         self.bytes(v.as_bytes())
     }
 
-    /// Appends a length-prefixed slice of `u32`.
-    pub fn u32s(&mut self, v: &[u32]) -> &mut Self {
+    /// Appends a length-prefixed slice, each element's `N` little-endian bytes.
+    fn slice_of<const N: usize, T: Copy>(&mut self, v: &[T], to_le: fn(T) -> [u8; N]) -> &mut Self {
         self.usize(v.len());
         v.iter()
-            .for_each(|&x| self.buf.extend_from_slice(&x.to_le_bytes()));
+            .for_each(|&x| self.buf.extend_from_slice(&to_le(x)));
         self
+    }
+
+    /// Appends a length-prefixed slice of `u32`.
+    pub fn u32s(&mut self, v: &[u32]) -> &mut Self {
+        self.slice_of(v, u32::to_le_bytes)
     }
 
     /// Appends a length-prefixed slice of `f32` bits.
     pub fn f32s(&mut self, v: &[f32]) -> &mut Self {
-        self.usize(v.len());
-        v.iter()
-            .for_each(|&x| self.buf.extend_from_slice(&x.to_le_bytes()));
-        self
+        self.slice_of(v, f32::to_le_bytes)
+    }
+
+    /// Appends a length-prefixed slice of `u64`.
+    pub fn u64s(&mut self, v: &[u64]) -> &mut Self {
+        self.slice_of(v, u64::to_le_bytes)
+    }
+
+    /// Appends a length-prefixed slice of `f64` bits.
+    pub fn f64s(&mut self, v: &[f64]) -> &mut Self {
+        self.slice_of(v, f64::to_le_bytes)
     }
 
     /// The message.
@@ -158,22 +170,33 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(b).map_err(|_| self.error("a string is not UTF-8"))
     }
 
+    /// Reads a length-prefixed slice of elements of `N` little-endian bytes.
+    fn slice_of<const N: usize, T>(&mut self, from_le: fn([u8; N]) -> T) -> Result<Vec<T>> {
+        let n = self.len(N)?;
+        let b = self.take(N * n)?;
+        Ok(b.chunks_exact(N)
+            .map(|c| from_le(c.try_into().expect("chunks of N bytes")))
+            .collect())
+    }
+
     /// Reads a length-prefixed slice of `u32`.
     pub fn u32s(&mut self) -> Result<Vec<u32>> {
-        let n = self.len(4)?;
-        let b = self.take(4 * n)?;
-        Ok(b.chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect())
+        self.slice_of(u32::from_le_bytes)
     }
 
     /// Reads a length-prefixed slice of `f32`.
     pub fn f32s(&mut self) -> Result<Vec<f32>> {
-        let n = self.len(4)?;
-        let b = self.take(4 * n)?;
-        Ok(b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect())
+        self.slice_of(f32::from_le_bytes)
+    }
+
+    /// Reads a length-prefixed slice of `u64`.
+    pub fn u64s(&mut self) -> Result<Vec<u64>> {
+        self.slice_of(u64::from_le_bytes)
+    }
+
+    /// Reads a length-prefixed slice of `f64`.
+    pub fn f64s(&mut self) -> Result<Vec<f64>> {
+        self.slice_of(f64::from_le_bytes)
     }
 
     /// Checks that the whole message was read.

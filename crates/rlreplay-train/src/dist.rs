@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
+use rlreplay_dist::wire::{Reader, Writer};
 use rlreplay_dist::{
     all_reduce_metrics, partition, partition_rows, Collective, Engine, Options, Shards,
     SingleProcess,
@@ -415,10 +416,9 @@ impl<'a> DataParallel<'a> {
     /// calls it.
     pub fn held_weights(&self, model: &Model) -> Result<Vec<[u64; 2]>> {
         let held = model.held_weights();
-        let mine: Vec<u8> = [held.masters, held.replicas]
-            .iter()
-            .flat_map(|b| b.to_le_bytes())
-            .collect();
+        let mut mine = Writer::new();
+        mine.u64(held.masters).u64(held.replicas);
+        let mine = mine.finish();
         let all = if self.world() == 1 {
             vec![mine]
         } else {
@@ -427,17 +427,10 @@ impl<'a> DataParallel<'a> {
         all.iter()
             .enumerate()
             .map(|(rank, b)| {
-                let words: Vec<u64> = b
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect();
-                match words[..] {
-                    [m, r] if b.len() == 16 => Ok([m, r]),
-                    _ => Err(Error::Ranks(format!(
-                        "rank {rank} sent {} bytes for the weights it holds",
-                        b.len()
-                    ))),
-                }
+                let mut r = Reader::new(b, rank);
+                let held = [r.u64()?, r.u64()?];
+                r.end()?;
+                Ok(held)
             })
             .collect()
     }
@@ -534,12 +527,11 @@ impl<'a> DataParallel<'a> {
                 let len = shapes[i].elem_count();
                 let t = Tensor::from_slice(&mine[at..at + len], shapes[i].clone(), &device)?;
                 // Model::grad_norm's terms, the same bits.
-                squares.extend(
+                squares.push(
                     t.sqr()?
                         .sum_all()?
                         .to_dtype(DType::F64)?
-                        .to_scalar::<f64>()?
-                        .to_le_bytes(),
+                        .to_scalar::<f64>()?,
                 );
                 *g = Some(t);
                 at += len;
@@ -547,12 +539,7 @@ impl<'a> DataParallel<'a> {
         }
         // The ranks own consecutive parameters: rank order is parameter order, as in
         // Model::grad_norm's sum.
-        let mut sq = 0.0f64;
-        for b in self.comm.all_gather_bytes(&squares)? {
-            for c in b.chunks_exact(8) {
-                sq += f64::from_le_bytes(c.try_into().expect("8 bytes"));
-            }
-        }
+        let sq: f64 = self.all_gather_f64s(&squares)?.into_iter().sum();
         let report = opt.step_with_norm(model, lr, sq.sqrt())?;
         if !report.skipped && self.masters_sharded(model) {
             // Each owner casts its updated masters to the compute dtype and sends them to the
@@ -615,12 +602,12 @@ impl<'a> DataParallel<'a> {
                 Some((step, m, v)) => {
                     avg.extend(m.flatten_all()?.to_vec1::<f32>()?);
                     sq.extend(v.flatten_all()?.to_vec1::<f32>()?);
-                    steps.extend(step.to_le_bytes());
+                    steps.push(step);
                 }
                 None => {
                     avg.resize(avg.len() + p.var.elem_count(), 0.0);
                     sq.resize(sq.len() + p.var.elem_count(), 0.0);
-                    steps.extend(0u64.to_le_bytes());
+                    steps.push(0);
                 }
             }
         }
@@ -628,13 +615,19 @@ impl<'a> DataParallel<'a> {
         let mut all_sq = vec![0f32; shards.len()];
         self.comm.all_gather_f32(&avg, &shards, &mut all_avg)?;
         self.comm.all_gather_f32(&sq, &shards, &mut all_sq)?;
-        let all_steps: Vec<u64> = self
+        let mut all_steps = Vec::with_capacity(owner.len());
+        let mut mine = Writer::new();
+        mine.u64s(&steps);
+        for (rank, b) in self
             .comm
-            .all_gather_bytes(&steps)?
-            .concat()
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
+            .all_gather_bytes(&mine.finish())?
+            .iter()
+            .enumerate()
+        {
+            let mut r = Reader::new(b, rank);
+            all_steps.extend(r.u64s()?);
+            r.end()?;
+        }
         if all_steps.len() != owner.len() {
             return Err(Error::Ranks(format!(
                 "optimizer state of {} parameters gathered, the model has {}",
@@ -662,28 +655,29 @@ impl<'a> DataParallel<'a> {
         Ok(())
     }
 
-    /// Every rank's `mine`, concatenated in rank order, on every rank.
+    /// Every rank's `mine`, concatenated in rank order, on every rank (the time it takes is
+    /// `timing_s/logprob_gather`).
     fn gather(&self, mine: Vec<f64>) -> Result<Vec<f64>> {
         if self.world() == 1 {
             return Ok(mine);
         }
         let started = Instant::now();
-        let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let mut out = Vec::new();
-        for (rank, b) in self.comm.all_gather_bytes(&bytes)?.iter().enumerate() {
-            if b.len() % 8 != 0 {
-                return Err(Error::Ranks(format!(
-                    "rank {rank} sent {} bytes of log-probs",
-                    b.len()
-                )));
-            }
-            out.extend(
-                b.chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))),
-            );
-        }
+        let out = self.all_gather_f64s(&mine)?;
         self.gather_s
             .set(self.gather_s.get() + started.elapsed().as_secs_f64());
+        Ok(out)
+    }
+
+    /// Every rank's `mine`, concatenated in rank order, on every rank.
+    fn all_gather_f64s(&self, mine: &[f64]) -> Result<Vec<f64>> {
+        let mut out = Vec::new();
+        let mut w = Writer::new();
+        w.f64s(mine);
+        for (rank, b) in self.comm.all_gather_bytes(&w.finish())?.iter().enumerate() {
+            let mut r = Reader::new(b, rank);
+            out.extend(r.f64s()?);
+            r.end()?;
+        }
         Ok(out)
     }
 
