@@ -12,7 +12,6 @@ pub mod error;
 pub mod layout;
 pub mod loss;
 pub mod metrics;
-pub mod offpolicy;
 pub mod rlsd;
 
 pub use advantage::{compute_advantages, Advantages, ESTIMATOR_BINARY_THRESHOLD};
@@ -24,9 +23,6 @@ pub use correction::{off_policy_metrics, rollout_correction, RolloutCorrection};
 pub use error::{AlgoError, Result};
 pub use loss::{policy_loss, LossOutput, MicroBatch, Normalizer};
 pub use metrics::{MetricAccumulator, Metrics};
-pub use offpolicy::{
-    audit_step, AuditConfig, LogRatio, RangeAudit, RowAudit, StepAudit, StepRollouts,
-};
 pub use rlsd::trust_region_logprobs;
 
 #[cfg(test)]

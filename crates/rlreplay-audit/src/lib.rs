@@ -1,5 +1,5 @@
 //! The off-policy audit of a rollout dataset under a policy: given the policy's per-token
-//! log-probs of each step's logged responses, the statistics of [`rlreplay_algo::offpolicy`] per
+//! log-probs of each step's logged responses, the statistics of [`stats`] per
 //! step and over the range, the per-row table ([`rows`]) and the plots ([`plots`]).
 //!
 //! [`PolicyAudit`] takes one step at a time and keeps only the range sums, the per-step values
@@ -8,13 +8,15 @@
 
 use std::path::{Path, PathBuf};
 
-use rlreplay_algo::{AlgoError, AuditConfig, Metrics, RangeAudit, StepAudit, StepRollouts};
+use rlreplay_algo::{AlgoError, Metrics};
 use rlreplay_data::RolloutBatch;
 
 pub mod plots;
 pub mod rows;
+pub mod stats;
 
 pub use rows::RowsWriter;
+pub use stats::{audit_step, AuditConfig, LogRatio, RangeAudit, RowAudit, StepAudit, StepRollouts};
 
 /// Errors of the audit.
 #[derive(Debug, thiserror::Error)]

@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use rlreplay_algo::offpolicy::threshold_label;
-use rlreplay_algo::{AuditConfig, LogRatio, Metrics, RangeAudit};
+use rlreplay_algo::Metrics;
+
+use crate::stats::{threshold_label, AuditConfig, LogRatio, RangeAudit};
 use rlreplay_plot::{Histogram, Panel, Series};
 
 use crate::Result;

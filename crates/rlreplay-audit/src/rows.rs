@@ -15,14 +15,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::stats::{threshold_label, AuditConfig, RowAudit};
 use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
-use rlreplay_algo::offpolicy::threshold_label;
-use rlreplay_algo::{AuditConfig, RowAudit};
 use rlreplay_data::RolloutBatch;
 
 use crate::{write_err, AuditError, Result};

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
-use rlreplay_algo::offpolicy::{threshold_label, CORRECTIONS};
-use rlreplay_algo::{AlgoConfig, AuditConfig, IsLevel, IsMode, Metrics, RsThreshold};
+use rlreplay_algo::{AlgoConfig, IsLevel, IsMode, Metrics, RsThreshold};
+use rlreplay_audit::stats::{threshold_label, AuditConfig, CORRECTIONS};
 use rlreplay_audit::{Outputs, PolicyAudit};
 use rlreplay_data::{
     read_footer, AuditStats, AuditSums, Dataset, ReadOptions, RolloutBatch, StepIter,

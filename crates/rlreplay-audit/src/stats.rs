@@ -36,13 +36,11 @@ use std::ops::Range;
 
 use sketches_ddsketch::{Config as SketchConfig, DDSketch};
 
-use crate::config::AlgoConfig;
-use crate::correction::{
+use rlreplay_algo::correction::{
     is_weight, off_policy_metrics, rollout_correction, Divergence, SAFETY_BOUND,
 };
-use crate::error::{AlgoError, Result};
-use crate::layout::Rows;
-use crate::metrics::{MetricAccumulator, Metrics};
+use rlreplay_algo::layout::Rows;
+use rlreplay_algo::{AlgoConfig, AlgoError, MetricAccumulator, Metrics, Result};
 
 /// Quantiles reported for every log-ratio distribution, with their metric names.
 pub const QUANTILES: &[(f64, &str)] = &[
@@ -1034,7 +1032,7 @@ impl RangeAudit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{IsLevel, IsMode, RsThreshold};
+    use rlreplay_algo::{IsLevel, IsMode, RsThreshold};
 
     fn cfg(thresholds: &[f64]) -> AuditConfig {
         AuditConfig {
