@@ -23,7 +23,7 @@ use rlreplay_model::{AdamW, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Logger, Task};
+use crate::config::{Config, Logger, Task, TeacherRegularization, MAY_CHANGE_ON_RESUME};
 use crate::context::rollout_teacher_prompts;
 use crate::dist::{self, DataParallel};
 use crate::error::{Error, Result};
@@ -33,8 +33,8 @@ use crate::rundir::{
     Provenance, RunDir, RunLock, TRAINER_STATE,
 };
 use crate::schedule::step_rng;
-use crate::source::{RolloutSource, RolloutStep, SourceContext, SourceKind};
-use crate::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
+use crate::source::{self, RolloutSource, RolloutStep, SourceContext};
+use crate::teacher::{Teacher, EMA_TEACHER};
 use crate::toy;
 use crate::update::{perf_metrics, stats, update, TeacherInputs, UpdateSettings};
 use crate::validate::Validator;
@@ -187,7 +187,7 @@ fn model_file(name: &str) -> bool {
 
 /// The directory of the initial policy: `[model] path` (a Hugging Face hub path is downloaded),
 /// or the toy task's generated model in `RUN_DIR/initial`; `None` for a `[model.random]` policy
-/// of replay.
+/// of a source that draws no prompts.
 fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
     if let Some(path) = &cfg.model.path {
         let dir = resolve_hub_path(&path.to_string_lossy(), &model_file).map_err(|source| {
@@ -198,7 +198,7 @@ fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
         })?;
         return Ok(Some(dir));
     }
-    if cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy {
+    if cfg.prompt_task() == Some(Task::Toy) {
         let dir = out.join("initial");
         if !dir.join("model.safetensors").is_file() {
             let random = cfg.model.random.clone().unwrap_or_else(toy::default_model);
@@ -211,7 +211,7 @@ fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
 }
 
 /// The token ids that end a response: `[data] eos_token_id`, else the model directory's. Empty
-/// for a logged source whose model names none: its dataset may name them.
+/// when the model names none and the source does not sample: its logged rows may name them.
 fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> Result<Vec<u32>> {
     if let Some(ids) = &cfg.data.eos_token_id {
         return Ok(ids.to_vec());
@@ -220,7 +220,7 @@ fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> R
         Some(dir) => rlreplay_sampling::stop_ids(dir, chat.map(|c| &c.tokenizer))?,
         None => Vec::new(),
     };
-    if ids.is_empty() && cfg.source != SourceKind::Logged {
+    if ids.is_empty() && cfg.source.samples() {
         return Err(Error::NoEos);
     }
     Ok(ids)
@@ -271,13 +271,7 @@ impl Trainer {
         } else if opts.resume {
             let kind = cfg.source;
             let parse = |t: &str| Config::parse(t, &[], kind);
-            check_resumed_config(
-                out,
-                &cfg,
-                parse,
-                Config::comparable,
-                crate::config::MAY_CHANGE_ON_RESUME,
-            )?;
+            check_resumed_config(out, &cfg, parse, Config::comparable, MAY_CHANGE_ON_RESUME)?;
             latest_checkpoint(out)?
         } else {
             refuse_existing_run(out)?;
@@ -297,7 +291,7 @@ impl Trainer {
         let dtype = cfg.model.dtype.candle();
         let uses_teacher = cfg.uses_teacher();
         let validates = cfg.validation.test_freq > 0 || cfg.validation.val_before_train;
-        let wants_chat = cfg.source == SourceKind::Online
+        let wants_chat = cfg.source.draws_prompts()
             || uses_teacher
             || (validates && has_validation_prompts(&cfg));
         let chat = match &model_dir {
@@ -383,7 +377,7 @@ impl Trainer {
         DataParallel::for_config(&*comm, &cfg).shard_masters(&mut policy)?;
         let stop = stop_ids(&cfg, model_dir.as_deref(), chat.as_deref())?;
 
-        let mut source = cfg.source.open(&SourceContext {
+        let mut source = source::open(&SourceContext {
             config: &cfg,
             run_dir: out,
             chat: chat.clone(),
