@@ -41,11 +41,9 @@ use rlreplay_dist::{
 };
 use rlreplay_model::{micro_batches, AdamW, Model, ModelConfig, SeqPair, StepReport};
 
-use crate::config::{Config, RolloutBackend, WeightSync};
+use crate::config::{Config, TeacherRegularization};
 use crate::error::{Error, Result};
 use crate::rundir::{checkpoint_dir, Metrics, TIMING_PREFIXES};
-use crate::source::SourceKind;
-use crate::teacher::TeacherRegularization;
 
 /// Exit code of every process of a data-parallel job ended by an error on one rank.
 pub const ERROR_CODE: i32 = 2;
@@ -153,11 +151,8 @@ impl<'a> DataParallel<'a> {
     pub fn for_config(comm: &'a dyn Collective, cfg: &Config) -> Self {
         let ema = cfg.uses_teacher()
             && cfg.self_distillation.teacher_regularization == TeacherRegularization::Ema;
-        let writes_policy = cfg.source == SourceKind::Online
-            && cfg.rollout.backend == RolloutBackend::Remote
-            && cfg.rollout.weight_sync == WeightSync::Disk;
         let mut dp = Self::new(comm).sharded(cfg.optim.shard_optimizer_state);
-        dp.shard_masters = dp.shard && !ema && !writes_policy;
+        dp.shard_masters = dp.shard && !ema && !cfg.source.needs_whole_weights(&cfg.rollout);
         dp
     }
 

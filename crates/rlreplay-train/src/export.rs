@@ -30,13 +30,12 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::config::{Config, Task};
+use crate::config::{Config, SourceKind, Task};
 use crate::error::{Error, IoContext, Result};
 use crate::rundir::{
     self, checkpoint_dir, complete_checkpoints, csv_field, csv_records, is_policy_file, link_files,
     newest_checkpoint, read_score_history, replace_dir, sync_tree, LATEST, TRAINER_STATE,
 };
-use crate::source::SourceKind;
 use crate::trainer::TrainerState;
 
 mod readme;
@@ -716,7 +715,7 @@ fn validation_sources(dir: &Path, cfg: &Config, k: usize) -> Result<Vec<String>>
     if sources.is_empty() {
         if let Some(f) = &cfg.data.val_files {
             sources.insert(f.display().to_string());
-        } else if cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy {
+        } else if cfg.prompt_task() == Some(Task::Toy) {
             sources.insert("toy".to_string());
         }
     }

@@ -4,8 +4,9 @@
 //!
 //! - [`trainer`]: the trainer (policy, optimizer, teacher, run directory, checkpoints, resume,
 //!   validation, best policy, metrics, published results).
-//! - [`source`]: the rollout-source trait and its logged and online sources.
-//! - [`config`]: the one configuration of both fronts.
+//! - [`source`]: the rollout-source trait, its logged and online sources, and [`source::open`].
+//! - [`config`]: the one configuration of both fronts and the kinds of rollout source with what
+//!   each needs ([`SourceKind`]); a leaf that the other modules read.
 //! - [`update`]: one policy update on a batch of rollouts.
 //! - [`dist`]: data-parallel updates on the ranks of `mpirun` / `srun` (the model passes shared
 //!   out, the gradients summed before clipping and AdamW).
@@ -34,7 +35,7 @@ pub mod trainer;
 pub mod update;
 pub mod validate;
 
-pub use config::Config;
+pub use config::{Config, SourceKind};
 pub use error::{Error, Result};
-pub use source::{RolloutSource, RolloutStep, SourceKind};
+pub use source::{RolloutSource, RolloutStep};
 pub use trainer::{run, RunOptions, RunSummary, Trainer, TrainerState};

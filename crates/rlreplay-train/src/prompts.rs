@@ -7,7 +7,6 @@ use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 
 use crate::config::{Config, Task};
 use crate::error::{Error, Result};
-use crate::source::SourceKind;
 use crate::toy;
 
 /// One prompt ready for generation.
@@ -79,9 +78,7 @@ pub fn training_prompts(cfg: &Config, chat: &ChatTokenizer) -> Result<Vec<Prompt
 pub fn validation_prompts(cfg: &Config, chat: &ChatTokenizer) -> Result<Vec<Prompt>> {
     let items = match &cfg.data.val_files {
         Some(path) => read_prompts(path)?,
-        None if cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy => {
-            toy_items(&cfg.toy.split()?.1)
-        }
+        None if cfg.prompt_task() == Some(Task::Toy) => toy_items(&cfg.toy.split()?.1),
         None => Vec::new(),
     };
     encode(cfg, chat, items, "validation")
@@ -89,8 +86,7 @@ pub fn validation_prompts(cfg: &Config, chat: &ChatTokenizer) -> Result<Vec<Prom
 
 /// Whether the configuration has validation prompts.
 pub fn has_validation_prompts(cfg: &Config) -> bool {
-    cfg.data.val_files.is_some()
-        || (cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy)
+    cfg.data.val_files.is_some() || cfg.prompt_task() == Some(Task::Toy)
 }
 
 fn encode(

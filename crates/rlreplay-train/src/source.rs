@@ -13,8 +13,8 @@
 //!   setting of the online kind rather than a kind of its own: both read the same prompt, reward
 //!   and sampling keys, which the key partition of [`SourceKind::keys`] assigns to one front.
 //!
-//! A new source is one more module here, one more [`SourceKind`] and a front; the trainer does
-//! not change.
+//! A new source is one more module here and its arm in [`open`], one more [`SourceKind`] with its
+//! answers to the kind's properties, and a front; the trainer does not change.
 
 pub mod logged;
 pub mod online;
@@ -30,7 +30,7 @@ use rlreplay_dist::Collective;
 use rlreplay_model::Model;
 use rlreplay_sampling::chat::{ChatTokenizer, Message};
 
-use crate::config::Config;
+use crate::config::{Config, SourceKind};
 use crate::error::{Error, Result};
 use crate::rundir::Metrics;
 
@@ -154,60 +154,10 @@ pub struct SourceContext<'a> {
     pub comm: Rc<dyn Collective>,
 }
 
-/// The kinds of rollout source, one per training front.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SourceKind {
-    /// A logged rollout dataset and a schedule (`rlreplay replay`).
-    #[default]
-    Logged,
-    /// Generation from the policy being trained (`rlreplay train`).
-    Online,
-}
-
-impl SourceKind {
-    /// Every kind.
-    pub const ALL: [SourceKind; 2] = [SourceKind::Logged, SourceKind::Online];
-
-    /// The command that trains from this kind of source.
-    pub fn command(self) -> &'static str {
-        match self {
-            SourceKind::Logged => "rlreplay replay",
-            SourceKind::Online => "rlreplay train",
-        }
-    }
-
-    /// The configuration keys (`section` or `section.key`) only this kind of source reads.
-    pub fn keys(self) -> &'static [&'static str] {
-        match self {
-            SourceKind::Logged => &["data.path", "data.steps", "data.vocab_check", "schedule"],
-            SourceKind::Online => &[
-                "data.task",
-                "data.train_files",
-                "data.train_max_samples",
-                "data.shuffle",
-                "toy",
-                "rollout.n",
-                "rollout.top_p",
-                "rollout.backend",
-                "rollout.endpoints",
-                "rollout.protocol",
-                "rollout.weight_sync",
-                "rollout.weights_dir",
-                "rollout.request_timeout_s",
-                "rollout.retries",
-                "rollout.retry_backoff_s",
-                "rollout.max_off_policy_steps",
-                "rollout.invalid_samples",
-                "batch.train_batch_size",
-            ],
-        }
-    }
-
-    /// Opens a source of this kind.
-    pub fn open(self, ctx: &SourceContext<'_>) -> Result<Box<dyn RolloutSource>> {
-        Ok(match self {
-            SourceKind::Logged => Box::new(logged::LoggedSource::open(ctx)?),
-            SourceKind::Online => Box::new(online::OnlineSource::open(ctx)?),
-        })
-    }
+/// Opens the source of `ctx.config`'s kind.
+pub fn open(ctx: &SourceContext<'_>) -> Result<Box<dyn RolloutSource>> {
+    Ok(match ctx.config.source {
+        SourceKind::Logged => Box::new(logged::LoggedSource::open(ctx)?),
+        SourceKind::Online => Box::new(online::OnlineSource::open(ctx)?),
+    })
 }

@@ -2,25 +2,13 @@
 //! initial model and the current model, `z_T = (1 − α)·z_ref + α·z_cur`, and the EMA teacher,
 //! whose weights follow the student, `θ_T ← (1 − η)·θ_T + η·θ_student`.
 
+use crate::config::TeacherRegularization;
 use crate::dist::DataParallel;
 use crate::error::{Error, Result};
 use rlreplay_model::{mixed_logprobs, Model, SeqPair};
-use serde::{Deserialize, Serialize};
 
 /// Directory of the EMA teacher inside a checkpoint.
 pub const EMA_TEACHER: &str = "ema_teacher";
-
-/// Teacher regularisation of self-distillation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum TeacherRegularization {
-    /// Logits `(1 − α)·z_ref + α·z_cur` of the frozen initial model and the current model.
-    #[default]
-    #[serde(rename = "trust-region")]
-    TrustRegion,
-    /// A separate teacher whose weights follow the student by EMA after each update.
-    #[serde(rename = "ema")]
-    Ema,
-}
 
 /// The self-distillation teacher: the frozen initial model (trust region) or the EMA model.
 pub struct Teacher {

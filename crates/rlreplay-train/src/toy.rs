@@ -12,9 +12,8 @@ use rlreplay_sampling::chat::{ChatOptions, ChatTokenizer, Message};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use crate::config::{RandomModel, ToyTask};
 use crate::error::{Error, IoContext, Result};
-
-use crate::config::RandomModel;
 
 /// End of text (also the padding token), id 0.
 pub const ENDOFTEXT: &str = "<|endoftext|>";
@@ -124,58 +123,7 @@ pub struct Problem {
     pub answer: String,
 }
 
-/// The toy task's generator settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ToyTask {
-    /// Operands are drawn from `0..=max_operand`.
-    pub max_operand: u32,
-    /// Operators to use, from `+`, `-` (non-negative results) and `*`.
-    pub operators: String,
-    /// Number of training prompts (drawn with the seed; duplicates removed).
-    pub train_prompts: usize,
-    /// Number of validation prompts (disjoint from training when enough distinct prompts exist).
-    pub val_prompts: usize,
-    /// Seed of the draw.
-    pub seed: u64,
-    /// Supervised warm-up steps of the random model before RL, on `\boxed{answer}` targets, so a
-    /// random model starts from a small but non-zero success rate.
-    pub warmup_steps: u64,
-    /// Learning rate of the warm-up.
-    pub warmup_lr: f64,
-    /// Fraction of warm-up targets that carry the correct answer; the others carry an answer
-    /// drawn at random from the task's answers (0 teaches the format only).
-    pub warmup_correct_fraction: f64,
-}
-
-impl Default for ToyTask {
-    fn default() -> Self {
-        Self {
-            max_operand: 4,
-            operators: "+".into(),
-            train_prompts: 25,
-            val_prompts: 25,
-            seed: 0,
-            warmup_steps: 0,
-            warmup_lr: 3e-3,
-            warmup_correct_fraction: 0.0,
-        }
-    }
-}
-
 impl ToyTask {
-    /// Checks the warm-up settings.
-    pub fn validate(&self) -> Result<()> {
-        let lr_ok = self.warmup_lr.is_finite() && self.warmup_lr >= 0.0;
-        if !lr_ok || !(0.0..=1.0).contains(&self.warmup_correct_fraction) {
-            return Err(Error::config(
-                "toy",
-                "[toy] warmup_lr must be >= 0 and warmup_correct_fraction in [0, 1]",
-            ));
-        }
-        Ok(())
-    }
-
     /// Every distinct problem of the task, in a canonical order.
     pub fn all(&self) -> Result<Vec<Problem>> {
         let mut out = Vec::new();
@@ -379,7 +327,8 @@ mod tests {
 
     #[test]
     fn teacher_prompts_keep_the_assistant_header_when_cut() {
-        use crate::context::{build_contexts, encode_teacher_prompt, ContextConfig, ContextRow};
+        use crate::config::ContextConfig;
+        use crate::context::{build_contexts, encode_teacher_prompt, ContextRow};
         let dir = tempfile::tempdir().unwrap();
         write_tokenizer(dir.path()).unwrap();
         let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
@@ -420,6 +369,11 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("<think>"));
+    }
+
+    #[test]
+    fn the_configuration_knows_the_vocabulary_size() {
+        assert_eq!(vocab().len(), ToyTask::VOCAB_SIZE);
     }
 
     #[test]

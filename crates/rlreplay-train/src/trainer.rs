@@ -19,11 +19,11 @@ use rand::seq::SliceRandom;
 use rlreplay_data::error::chain;
 use rlreplay_data::resolve_hub_path;
 use rlreplay_dist::{Collective, SingleProcess};
-use rlreplay_model::{AdamW, LrSchedule, Model};
+use rlreplay_model::{AdamW, Device, LrSchedule, Model};
 use rlreplay_sampling::chat::ChatTokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Logger, Task};
+use crate::config::{Config, Logger, Task, TeacherRegularization, MAY_CHANGE_ON_RESUME};
 use crate::context::rollout_teacher_prompts;
 use crate::dist::{self, DataParallel};
 use crate::error::{Error, Result};
@@ -33,8 +33,8 @@ use crate::rundir::{
     Provenance, RunDir, RunLock, TRAINER_STATE,
 };
 use crate::schedule::step_rng;
-use crate::source::{RolloutSource, RolloutStep, SourceContext, SourceKind};
-use crate::teacher::{Teacher, TeacherRegularization, EMA_TEACHER};
+use crate::source::{self, RolloutSource, RolloutStep, SourceContext};
+use crate::teacher::{Teacher, EMA_TEACHER};
 use crate::toy;
 use crate::update::{perf_metrics, stats, update, TeacherInputs, UpdateSettings};
 use crate::validate::Validator;
@@ -185,9 +185,57 @@ fn model_file(name: &str) -> bool {
         || name == "tokenizer.model"
 }
 
+/// Where a run starts: the checkpoint and the initial policy every rank starts from, and rank 0's
+/// lock on the run directory.
+struct Start {
+    /// The run directory's lock, held by rank 0.
+    lock: Option<RunLock>,
+    /// The checkpoint to continue from: its trainer step and directory.
+    resume_from: Option<(u64, PathBuf)>,
+    /// The initial policy's directory ([`initial_model_dir`]).
+    model_dir: Option<PathBuf>,
+}
+
+impl Start {
+    /// Rank 0 locks the run directory, checks on resume that the configuration is unchanged (else
+    /// refuses to overwrite an earlier run), finds the latest checkpoint, and creates the run
+    /// directory and the initial policy's; the other ranks follow once it has.
+    fn prepare(opts: &RunOptions, cfg: &Config, comm: &dyn Collective) -> Result<Self> {
+        let out = &opts.out;
+        let root = comm.is_root();
+        let lock = root.then(|| RunLock::acquire(out)).transpose()?;
+        let resume_from = if !root {
+            None
+        } else if opts.resume {
+            let kind = cfg.source;
+            let parse = |t: &str| Config::parse(t, &[], kind);
+            check_resumed_config(out, cfg, parse, Config::comparable, MAY_CHANGE_ON_RESUME)?;
+            latest_checkpoint(out)?
+        } else {
+            refuse_existing_run(out)?;
+            None
+        };
+        let mut model_dir = None;
+        if root {
+            std::fs::create_dir_all(out).map_err(Error::io("cannot create run directory", out))?;
+            model_dir = initial_model_dir(cfg, out)?;
+        }
+        // The others start once rank 0 has prepared the run directory.
+        let resume_from = dist::resume_point(comm, resume_from, out)?;
+        if !root {
+            model_dir = initial_model_dir(cfg, out)?;
+        }
+        Ok(Self {
+            lock,
+            resume_from,
+            model_dir,
+        })
+    }
+}
+
 /// The directory of the initial policy: `[model] path` (a Hugging Face hub path is downloaded),
 /// or the toy task's generated model in `RUN_DIR/initial`; `None` for a `[model.random]` policy
-/// of replay.
+/// of a source that draws no prompts.
 fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
     if let Some(path) = &cfg.model.path {
         let dir = resolve_hub_path(&path.to_string_lossy(), &model_file).map_err(|source| {
@@ -198,7 +246,7 @@ fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
         })?;
         return Ok(Some(dir));
     }
-    if cfg.source == SourceKind::Online && cfg.data.task() == Task::Toy {
+    if cfg.prompt_task() == Some(Task::Toy) {
         let dir = out.join("initial");
         if !dir.join("model.safetensors").is_file() {
             let random = cfg.model.random.clone().unwrap_or_else(toy::default_model);
@@ -210,8 +258,109 @@ fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
+/// Whether the run validates: on a schedule or before training, with validation prompts.
+fn validates(cfg: &Config) -> bool {
+    let v = &cfg.validation;
+    (v.test_freq > 0 || v.val_before_train) && has_validation_prompts(cfg)
+}
+
+/// The policy's tokenizer and chat template, when something renders or decodes text (the
+/// source's prompts, the teacher contexts, validation) and the initial policy has a directory;
+/// a directory without the tokenizer files is refused.
+fn chat_tokenizer(cfg: &Config, model_dir: Option<&Path>) -> Result<Option<Arc<ChatTokenizer>>> {
+    let uses_teacher = cfg.uses_teacher();
+    let wants_chat = cfg.source.draws_prompts() || uses_teacher || validates(cfg);
+    let Some(dir) = model_dir.filter(|_| wants_chat) else {
+        return Ok(None);
+    };
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        if !dir.join(f).is_file() {
+            return Err(Error::NoTokenizer(format!(
+                "the model directory has no {f} (prompts and responses are rendered and decoded \
+                 with it{}): {}",
+                if uses_teacher {
+                    format!(
+                        "; [algorithm] loss_mode = {:?} builds the teacher contexts",
+                        cfg.algorithm.loss_mode.name()
+                    )
+                } else {
+                    String::new()
+                },
+                dir.join(f).display()
+            )));
+        }
+    }
+    Ok(Some(Arc::new(ChatTokenizer::from_dir(dir)?)))
+}
+
+/// The policy, its optimizer and the trainer state of checkpoint `dir` (of trainer step `step`);
+/// the policy's tokenizer files stay those of the initial model's directory `model_dir`.
+fn resumed_policy(
+    cfg: &Config,
+    step: u64,
+    dir: &Path,
+    model_dir: Option<&Path>,
+    device: &Device,
+) -> Result<(Model, AdamW, TrainerState)> {
+    let load = |source| Error::LoadCheckpoint {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut policy = Model::load(dir, cfg.model.dtype.candle(), device).map_err(load)?;
+    // Tokenizer files come from the initial model's directory: checkpoint rotation removes the
+    // checkpoint this model was loaded from.
+    policy.set_source_dir(model_dir.map(Path::to_path_buf));
+    let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &policy).map_err(load)?;
+    let path = dir.join(TRAINER_STATE);
+    let text = std::fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|source| Error::JsonFile {
+        path: path.clone(),
+        source,
+    })?;
+    if state.format != STATE_FORMAT || state.global_step != step {
+        return Err(Error::TrainerState {
+            path,
+            format: state.format,
+            step: state.global_step,
+        });
+    }
+    Ok((policy, opt, state))
+}
+
+/// The initial policy (from `model_dir`, else `[model.random]`), a fresh optimizer and the state
+/// of step 0.
+fn fresh_policy(
+    cfg: &Config,
+    model_dir: Option<&Path>,
+    device: &Device,
+) -> Result<(Model, AdamW, TrainerState)> {
+    let dtype = cfg.model.dtype.candle();
+    let policy = match (model_dir, &cfg.model.random) {
+        (Some(dir), _) => Model::load(dir, dtype, device).map_err(|source| Error::LoadModel {
+            dir: dir.to_path_buf(),
+            source,
+        })?,
+        (None, Some(r)) => {
+            Model::new_random(r.to_config(), r.seed, dtype, device).map_err(Error::RandomModel)?
+        }
+        (None, None) => return Err(Error::config("model", "[model]: give `path` or `random`")),
+    };
+    let opt = AdamW::new(&policy, cfg.optim.adamw());
+    let state = TrainerState {
+        format: STATE_FORMAT,
+        global_step: 0,
+        optimizer_steps: 0,
+        skipped_updates: 0,
+        tokens_trained: 0,
+        validations: Vec::new(),
+        best: None,
+        source: serde_json::Value::Null,
+    };
+    Ok((policy, opt, state))
+}
+
 /// The token ids that end a response: `[data] eos_token_id`, else the model directory's. Empty
-/// for a logged source whose model names none: its dataset may name them.
+/// when the model names none and the source does not sample: its logged rows may name them.
 fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> Result<Vec<u32>> {
     if let Some(ids) = &cfg.data.eos_token_id {
         return Ok(ids.to_vec());
@@ -220,10 +369,107 @@ fn stop_ids(cfg: &Config, dir: Option<&Path>, chat: Option<&ChatTokenizer>) -> R
         Some(dir) => rlreplay_sampling::stop_ids(dir, chat.map(|c| &c.tokenizer))?,
         None => Vec::new(),
     };
-    if ids.is_empty() && cfg.source != SourceKind::Logged {
+    if ids.is_empty() && cfg.source.samples() {
         return Err(Error::NoEos);
     }
     Ok(ids)
+}
+
+/// The rollout source of `ctx`, continued after the trainer state's step (from the position its
+/// checkpoint stored when `resumed`), and the trainer steps of the whole run:
+/// `[trainer] total_training_steps`, at most as many as the source plans.
+fn open_source(
+    ctx: &SourceContext<'_>,
+    state: &TrainerState,
+    resumed: bool,
+) -> Result<(Box<dyn RolloutSource>, u64)> {
+    let mut source = source::open(ctx)?;
+    source.start(state.global_step, resumed.then(|| state.source.clone()))?;
+    let total = match (
+        ctx.config.trainer.total_training_steps,
+        source.planned_steps(),
+    ) {
+        (Some(t), Some(p)) => t.min(p),
+        (Some(t), None) => t,
+        (None, Some(p)) => p,
+        (None, None) => {
+            return Err(Error::config(
+                "trainer.total_training_steps",
+                "[trainer] total_training_steps: the source has no end; set it",
+            ))
+        }
+    };
+    Ok((source, total))
+}
+
+/// The self-distillation teacher (`rlsd` / `rlrt`) and the tokenizer of its prompts: the initial
+/// model of `model_dir`, or the EMA teacher of the `checkpoint` a run resumes from.
+fn load_teacher(
+    cfg: &Config,
+    chat: Option<&Arc<ChatTokenizer>>,
+    model_dir: Option<&Path>,
+    checkpoint: Option<&Path>,
+    device: &Device,
+) -> Result<Option<(Teacher, Arc<ChatTokenizer>)>> {
+    if !cfg.uses_teacher() {
+        return Ok(None);
+    }
+    let (Some(chat), Some(dir)) = (chat, model_dir) else {
+        return Err(Error::config(
+            "algorithm.loss_mode",
+            format!(
+                "[algorithm] loss_mode = {:?} needs [model] path with the tokenizer files",
+                cfg.algorithm.loss_mode.name()
+            ),
+        ));
+    };
+    let sd = &cfg.self_distillation;
+    let teacher_dir = match checkpoint {
+        Some(ckpt) if sd.teacher_regularization == TeacherRegularization::Ema => {
+            ckpt.join(EMA_TEACHER)
+        }
+        _ => dir.to_path_buf(),
+    };
+    let mut model =
+        Model::load(&teacher_dir, cfg.model.dtype.candle(), device).map_err(|source| {
+            Error::LoadTeacher {
+                dir: teacher_dir.clone(),
+                source,
+            }
+        })?;
+    model.set_source_dir(Some(dir.to_path_buf()));
+    let teacher = Teacher::new(model, sd.teacher_regularization, sd.teacher_update_rate)?;
+    Ok(Some((teacher, chat.clone())))
+}
+
+/// The validator of the run's validation prompts, when it validates and has a tokenizer.
+fn validator(
+    cfg: &Config,
+    chat: Option<&Arc<ChatTokenizer>>,
+    stop: &[u32],
+) -> Result<Option<Validator>> {
+    match chat {
+        Some(chat) if validates(cfg) => {
+            let prompts = validation_prompts(cfg, chat)?;
+            Ok(Some(Validator::new(cfg, chat.clone(), prompts, stop)?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Rank 0's run directory, opened at trainer step `step`: the resolved configuration written,
+/// and the hyper-parameter table unless a resumed run has it.
+fn open_run_dir(opts: &RunOptions, cfg: &Config, step: u64, resumed: bool) -> Result<RunDir> {
+    let out = &opts.out;
+    let run = RunDir::open(out, step, &cfg.trainer.loggers)?;
+    run.drop_stale_candidate()?;
+    let resolved = cfg.to_toml()?;
+    write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
+    // The table records where each value came from at the start of the run; a resume keeps it.
+    if !resumed || !out.join("results/hyperparameters.csv").is_file() {
+        run.write_hyperparameters(&resolved, &opts.provenance)?;
+    }
+    Ok(run)
 }
 
 /// A training run in progress.
@@ -263,206 +509,39 @@ impl Trainer {
     pub fn on_ranks(opts: &RunOptions, comm: Rc<dyn Collective>) -> Result<Self> {
         let cfg = opts.config.clone();
         cfg.validate()?;
-        let out = &opts.out;
-        let root = comm.is_root();
-        let lock = root.then(|| RunLock::acquire(out)).transpose()?;
-        let resume_from = if !root {
-            None
-        } else if opts.resume {
-            let kind = cfg.source;
-            let parse = |t: &str| Config::parse(t, &[], kind);
-            check_resumed_config(
-                out,
-                &cfg,
-                parse,
-                Config::comparable,
-                crate::config::MAY_CHANGE_ON_RESUME,
-            )?;
-            latest_checkpoint(out)?
-        } else {
-            refuse_existing_run(out)?;
-            None
-        };
-        let mut model_dir = None;
-        if root {
-            std::fs::create_dir_all(out).map_err(Error::io("cannot create run directory", out))?;
-            model_dir = initial_model_dir(&cfg, out)?;
-        }
-        // The others start once rank 0 has prepared the run directory.
-        let resume_from = dist::resume_point(&*comm, resume_from, out)?;
-        if !root {
-            model_dir = initial_model_dir(&cfg, out)?;
-        }
+        let start = Start::prepare(opts, &cfg, &*comm)?;
+        let model_dir = start.model_dir.as_deref();
+        let checkpoint = start.resume_from.as_ref().map(|(_, dir)| dir.as_path());
+        let resumed = checkpoint.is_some();
         let device = dist::device(&cfg, &*comm)?;
-        let dtype = cfg.model.dtype.candle();
-        let uses_teacher = cfg.uses_teacher();
-        let validates = cfg.validation.test_freq > 0 || cfg.validation.val_before_train;
-        let wants_chat = cfg.source == SourceKind::Online
-            || uses_teacher
-            || (validates && has_validation_prompts(&cfg));
-        let chat = match &model_dir {
-            Some(dir) if wants_chat => {
-                for f in ["tokenizer.json", "tokenizer_config.json"] {
-                    if !dir.join(f).is_file() {
-                        return Err(Error::NoTokenizer(format!(
-                            "the model directory has no {f} (prompts and responses are rendered \
-                             and decoded with it{}): {}",
-                            if uses_teacher {
-                                format!(
-                                    "; [algorithm] loss_mode = {:?} builds the teacher contexts",
-                                    cfg.algorithm.loss_mode.name()
-                                )
-                            } else {
-                                String::new()
-                            },
-                            dir.join(f).display()
-                        )));
-                    }
-                }
-                Some(Arc::new(ChatTokenizer::from_dir(dir)?))
-            }
-            _ => None,
-        };
-
-        let (mut policy, opt, state) = match &resume_from {
-            Some((step, dir)) => {
-                let load = |source| Error::LoadCheckpoint {
-                    dir: dir.clone(),
-                    source,
-                };
-                let mut policy = Model::load(dir, dtype, &device).map_err(load)?;
-                // Tokenizer files come from the initial model's directory: checkpoint rotation
-                // removes the checkpoint this model was loaded from.
-                policy.set_source_dir(model_dir.clone());
-                let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &policy).map_err(load)?;
-                let path = dir.join(TRAINER_STATE);
-                let text = std::fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
-                let state: TrainerState =
-                    serde_json::from_str(&text).map_err(|source| Error::JsonFile {
-                        path: path.clone(),
-                        source,
-                    })?;
-                if state.format != STATE_FORMAT || state.global_step != *step {
-                    return Err(Error::TrainerState {
-                        path,
-                        format: state.format,
-                        step: state.global_step,
-                    });
-                }
-                (policy, opt, state)
-            }
-            None => {
-                let policy = match (&model_dir, &cfg.model.random) {
-                    (Some(dir), _) => {
-                        Model::load(dir, dtype, &device).map_err(|source| Error::LoadModel {
-                            dir: dir.clone(),
-                            source,
-                        })?
-                    }
-                    (None, Some(r)) => Model::new_random(r.to_config(), r.seed, dtype, &device)
-                        .map_err(Error::RandomModel)?,
-                    (None, None) => {
-                        return Err(Error::config("model", "[model]: give `path` or `random`"))
-                    }
-                };
-                let opt = AdamW::new(&policy, cfg.optim.adamw());
-                let state = TrainerState {
-                    format: STATE_FORMAT,
-                    global_step: 0,
-                    optimizer_steps: 0,
-                    skipped_updates: 0,
-                    tokens_trained: 0,
-                    validations: Vec::new(),
-                    best: None,
-                    source: serde_json::Value::Null,
-                };
-                (policy, opt, state)
-            }
+        let chat = chat_tokenizer(&cfg, model_dir)?;
+        let (mut policy, opt, state) = match &start.resume_from {
+            Some((step, dir)) => resumed_policy(&cfg, *step, dir, model_dir, &device)?,
+            None => fresh_policy(&cfg, model_dir, &device)?,
         };
         policy.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
         DataParallel::for_config(&*comm, &cfg).shard_masters(&mut policy)?;
-        let stop = stop_ids(&cfg, model_dir.as_deref(), chat.as_deref())?;
-
-        let mut source = cfg.source.open(&SourceContext {
+        let stop = stop_ids(&cfg, model_dir, chat.as_deref())?;
+        let source_context = SourceContext {
             config: &cfg,
-            run_dir: out,
+            run_dir: &opts.out,
             chat: chat.clone(),
             stop_ids: &stop,
             vocab_size: policy.config().vocab_size,
             max_positions: policy.config().max_position_embeddings,
-            needs_text: uses_teacher,
+            needs_text: cfg.uses_teacher(),
             comm: comm.clone(),
-        })?;
-        let resumed_source = resume_from.as_ref().map(|_| state.source.clone());
-        source.start(state.global_step, resumed_source)?;
-        let total = match (cfg.trainer.total_training_steps, source.planned_steps()) {
-            (Some(t), Some(p)) => t.min(p),
-            (Some(t), None) => t,
-            (None, Some(p)) => p,
-            (None, None) => {
-                return Err(Error::config(
-                    "trainer.total_training_steps",
-                    "[trainer] total_training_steps: the source has no end; set it",
-                ))
-            }
         };
+        let (source, total) = open_source(&source_context, &state, resumed)?;
         // The schedule advances once per trainer step (after its mini-batches), as verl's actor
         // does.
         let lr = cfg.optim.lr_schedule(total);
-
-        let teacher = match (&chat, &model_dir) {
-            (Some(chat), Some(dir)) if uses_teacher => {
-                let sd = &cfg.self_distillation;
-                let teacher_dir = match &resume_from {
-                    Some((_, ckpt)) if sd.teacher_regularization == TeacherRegularization::Ema => {
-                        ckpt.join(EMA_TEACHER)
-                    }
-                    _ => dir.clone(),
-                };
-                let mut model = Model::load(&teacher_dir, dtype, &device).map_err(|source| {
-                    Error::LoadTeacher {
-                        dir: teacher_dir.clone(),
-                        source,
-                    }
-                })?;
-                model.set_source_dir(Some(dir.clone()));
-                let teacher =
-                    Teacher::new(model, sd.teacher_regularization, sd.teacher_update_rate)?;
-                Some((teacher, chat.clone()))
-            }
-            _ if uses_teacher => {
-                return Err(Error::config(
-                    "algorithm.loss_mode",
-                    format!(
-                        "[algorithm] loss_mode = {:?} needs [model] path with the tokenizer files",
-                        cfg.algorithm.loss_mode.name()
-                    ),
-                ))
-            }
-            _ => None,
-        };
-        let validator = match &chat {
-            Some(chat) if validates && has_validation_prompts(&cfg) => {
-                let prompts = validation_prompts(&cfg, chat)?;
-                Some(Validator::new(&cfg, chat.clone(), prompts, &stop)?)
-            }
-            _ => None,
-        };
-
-        let run = if root {
-            let run = RunDir::open(out, state.global_step, &cfg.trainer.loggers)?;
-            run.drop_stale_candidate()?;
-            let resolved = cfg.to_toml()?;
-            write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
-            // The table records where each value came from at the start of the run; a resume
-            // keeps it.
-            if resume_from.is_none() || !out.join("results/hyperparameters.csv").is_file() {
-                run.write_hyperparameters(&resolved, &opts.provenance)?;
-            }
-            Some(run)
-        } else {
-            None
-        };
+        let teacher = load_teacher(&cfg, chat.as_ref(), model_dir, checkpoint, &device)?;
+        let validator = validator(&cfg, chat.as_ref(), &stop)?;
+        let run = comm
+            .is_root()
+            .then(|| open_run_dir(opts, &cfg, state.global_step, resumed))
+            .transpose()?;
         let t = Self {
             cfg,
             source,
@@ -474,31 +553,33 @@ impl Trainer {
             validator,
             state,
             run,
-            out: out.clone(),
-            _lock: lock,
+            out: opts.out.clone(),
+            _lock: start.lock,
             comm,
         };
-        t.log(&format!(
+        t.log_start(resumed)?;
+        Ok(t)
+    }
+
+    /// Logs where the run starts (rank 0), and how the master weights are sharded when they are.
+    fn log_start(&self, resumed: bool) -> Result<()> {
+        self.log(&format!(
             "{} at step {} of {}{}{}",
-            if resume_from.is_some() {
-                "resumed"
-            } else {
-                "started"
-            },
-            t.state.global_step,
-            t.total,
-            t.validator
+            if resumed { "resumed" } else { "started" },
+            self.state.global_step,
+            self.total,
+            self.validator
                 .as_ref()
                 .map(|v| format!(", {} validation prompts", v.len()))
                 .unwrap_or_default(),
-            dist::describe(&*t.comm),
+            dist::describe(&*self.comm),
         ))?;
         if let Some(line) =
-            DataParallel::for_config(&*t.comm, &t.cfg).describe_held_weights(&t.policy)?
+            DataParallel::for_config(&*self.comm, &self.cfg).describe_held_weights(&self.policy)?
         {
-            t.log(&line)?;
+            self.log(&line)?;
         }
-        Ok(t)
+        Ok(())
     }
 
     /// Appends a line to the run's log (rank 0).

@@ -7,11 +7,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{ExportOptions, Run, ValRow};
-use crate::config::{Config, Task};
+use crate::config::{Config, SourceKind, Task, TeacherRegularization};
 use crate::error::{Error, IoContext, Result};
 use crate::rundir::csv_records;
-use crate::source::SourceKind;
-use crate::teacher::TeacherRegularization;
 
 /// What the card's sections share.
 struct Card<'a> {
@@ -116,7 +114,11 @@ impl Run {
         let mut what = vec![c.base.display.clone()];
         what.extend((!self.sources.is_empty()).then(|| c.dataset.clone()));
         what.push(c.method.clone());
-        what.extend((cfg.source == SourceKind::Online).then(|| format!("batch-size-{}", c.batch)));
+        what.extend(
+            cfg.source
+                .draws_prompts()
+                .then(|| format!("batch-size-{}", c.batch)),
+        );
         let last = self.last.0;
         let root = match (self.root.label.as_str(), &self.root.note) {
             ("best", _) => format!(
@@ -309,7 +311,7 @@ impl Run {
             ),
         });
         let v = &cfg.validation;
-        let toy = cfg.source == SourceKind::Online && d.task() == Task::Toy;
+        let toy = cfg.prompt_task() == Some(Task::Toy);
         let prompts = match &d.val_files {
             Some(p) => Some(format!("`{}`", p.display())),
             None => toy.then(|| "the toy task's validation prompts".to_string()),
@@ -404,7 +406,7 @@ impl BaseModel {
         let display = match (&id, path) {
             (Some(id), _) => id.clone(),
             (None, Some(p)) => format!("`{}`", p.display()),
-            (None, None) if cfg.source == SourceKind::Online => {
+            (None, None) if cfg.prompt_task() == Some(Task::Toy) => {
                 "random Qwen3 (the toy task's initial model)".into()
             }
             (None, None) => "random Qwen3 (`[model.random]`)".into(),
