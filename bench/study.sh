@@ -20,6 +20,9 @@
 #   VAL          held-out set for `rlreplay eval` (default: the run's [data] val_files);
 #                unset and no val_files: no accuracy columns
 #   EVAL_N       samples per held-out prompt for mean@k / pass@k (default: the run's val_n, else 4)
+#   EVAL_ARGS    other `rlreplay eval` options (default: the run's validation sampling,
+#                `--temperature` val_temperature, `--top-p` val_top_p, `--max-new-tokens`
+#                max_response_length)
 #   GROUP        rollouts per group in the dataset, for the n50 cell (default: read from the
 #                first shard)
 #   BIN          the rlreplay binary (default: target/release/rlreplay, built if missing)
@@ -73,6 +76,15 @@ PY
 VAL=${VAL:-$(config_value data.val_files)}
 EVAL_N=${EVAL_N:-$(config_value validation.val_n)}
 EVAL_N=${EVAL_N:-4}
+# The run's own validation sampling, so that the `online` rows equal its validation metrics.
+if [ -z "${EVAL_ARGS+set}" ]; then
+  EVAL_ARGS=""
+  for kv in temperature=validation.val_temperature top-p=validation.val_top_p \
+    max-new-tokens=rollout.max_response_length; do
+    v=$(config_value "${kv#*=}")
+    [ -n "$v" ] && EVAL_ARGS+=" --${kv%%=*} $v"
+  done
+fi
 if [ -z "${GROUP:-}" ]; then
   first=$(ls "$rows"/data/*.parquet 2>/dev/null | head -1 || true)
   GROUP=$("$BIN" audit "${first:-$rows}" --json --eos 0 2>/dev/null | tail -1 |
@@ -115,12 +127,18 @@ cell() { # SCHEDULE CORRECTION SEED [ONLINE_RUN]: a replay cell, or an online ru
     echo "$name: kept from an earlier study" >&2
     return
   fi
-  rm -rf "$dir"
-  mkdir -p "$dir"
   t0=$(date +%s.%N)
-  if [ -n "${4:-}" ]; then
+  if [ "${FRESH:-0}" != 1 ] && [ -s "$dir/replay.s" ]; then
+    # The replay finished before: only its scoring is missing.
+    t0=$(echo "$t0 - $(cat "$dir/replay.s")" | bc)
+    rm -rf "$dir/eval" "$dir/audit.json"
+  elif [ -n "${4:-}" ]; then
+    rm -rf "$dir"
+    mkdir -p "$dir"
     ln -s "$(realpath "$4")" "$dir/run"
   else
+    rm -rf "$dir"
+    mkdir -p "$dir"
     for kv in $(schedule_sets "$1") $(correction_sets "$2") "schedule.seed=$3" ${SET:-}; do
       sets+=(--set "$kv")
     done
@@ -129,10 +147,13 @@ cell() { # SCHEDULE CORRECTION SEED [ONLINE_RUN]: a replay cell, or an online ru
       echo "$1,$2,$3,0,,,,,," >"$dir/failed.csv"
       return
     fi
+    echo "$(date +%s.%N) - $t0" | bc >"$dir/replay.s"
   fi
   local policy="$dir/run/checkpoints/last"
   if [ -n "$VAL" ]; then
-    "$BIN" eval --model "$policy" --data "$VAL" --n "$EVAL_N" --out "$dir/eval" >>"$dir.log" 2>&1
+    # shellcheck disable=SC2086
+    "$BIN" eval --model "$policy" --data "$VAL" --n "$EVAL_N" $EVAL_ARGS --out "$dir/eval" \
+      >>"$dir.log" 2>&1
   fi
   "$BIN" audit "$rows" --steps "$AUDIT_STEPS" --policy "$policy" --json 2>>"$dir.log" |
     tail -1 >"$dir/audit.json"
@@ -145,7 +166,8 @@ audit = json.load(open(os.path.join(d, "audit.json")))
 ev = {}
 p = os.path.join(d, "eval", "metrics.json")
 if os.path.exists(p):
-    ev = json.load(open(p))
+    # The metrics of all prompts together.
+    ev = next(g for g in json.load(open(p))["groups"] if g["data_source"] == "all")
 def find(m, *names):
     for n in names:
         for key, v in m.items():
