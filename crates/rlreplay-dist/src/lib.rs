@@ -9,7 +9,7 @@
 //!   the GPU ([`Placement::device_ordinal`]).
 //! - [`partition()`]: the rows of a mini-batch split across ranks, contiguous and token-balanced,
 //!   whole groups kept together.
-//! - [`all_reduce_accumulator`] / [`all_reduce_metrics`]: metrics reduced by kind.
+//! - [`all_gather_named`]: named, weighted values (metric states) from every rank.
 //! - [`wire`]: the byte encoding of what ranks send each other.
 //! - [`init`]: the backend the environment and the build call for.
 #![warn(missing_docs)]
@@ -32,7 +32,7 @@ use std::time::Duration;
 pub use collective::{sum_in_rank_order, Collective, Shards, SingleProcess};
 pub use error::{DistError, Result};
 pub use launch::{Launcher, Placement};
-pub use metrics::{all_reduce_accumulator, all_reduce_metrics};
+pub use metrics::all_gather_named;
 pub use partition::{partition, partition_rows};
 
 /// Default time a collective may wait for the other ranks before the job is aborted (torch's

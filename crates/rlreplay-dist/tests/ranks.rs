@@ -18,10 +18,9 @@ mod mpi_ranks {
     use std::process::Command;
     use std::time::{Duration, Instant};
 
-    use rlreplay_algo::{MetricAccumulator, Metrics};
     use rlreplay_dist::mpi::MpiCollective;
     use rlreplay_dist::{
-        all_reduce_accumulator, partition_rows, sum_in_rank_order, Collective, Placement, Shards,
+        all_gather_named, partition_rows, sum_in_rank_order, Collective, Placement, Shards,
     };
 
     pub fn main() {
@@ -275,27 +274,18 @@ mod mpi_ranks {
         );
         assert_eq!(comm.broadcast_u64(0, 42 + r as u64).unwrap(), 42);
 
-        // Metrics by kind: sums add, extremes, token-weighted means; a metric only rank 0 has.
-        let mut acc = MetricAccumulator::new();
-        let mut m: Metrics = [
-            ("actor/pg_loss".to_string(), r as f64 + 1.0),
-            ("actor/pg_clipfrac".to_string(), r as f64),
-            ("rollout_corr/rollout_is_max".to_string(), 10.0 - r as f64),
-            ("rollout_corr/rollout_is_min".to_string(), r as f64),
-        ]
-        .into();
+        // Named weighted values, in rank order; rank 0 sends one more.
+        let name = format!("rank{r}");
+        let mut mine = vec![(name.as_str(), r as f64 + 0.5, (r + 1) as f64)];
         if r == 0 {
-            m.insert("actor/only_rank0".to_string(), 5.0);
+            mine.push(("only_rank0", 5.0, 1.0));
         }
-        acc.add(&m, (r + 1) as f64);
-        let out = all_reduce_accumulator(comm, &acc).unwrap().finish();
-        let total_w: f64 = (1..=n).map(|w| w as f64).sum();
-        let mean: f64 = (0..n).map(|q| q as f64 * (q + 1) as f64).sum::<f64>() / total_w;
-        assert_eq!(out["actor/pg_loss"], (1..=n).map(|x| x as f64).sum::<f64>());
-        assert!((out["actor/pg_clipfrac"] - mean).abs() < 1e-12);
-        assert_eq!(out["rollout_corr/rollout_is_max"], 10.0);
-        assert_eq!(out["rollout_corr/rollout_is_min"], 0.0);
-        assert_eq!(out["actor/only_rank0"], 5.0);
+        let mut want = vec![
+            ("rank0".to_string(), 0.5, 1.0),
+            ("only_rank0".to_string(), 5.0, 1.0),
+        ];
+        want.extend((1..n).map(|q| (format!("rank{q}"), q as f64 + 0.5, (q + 1) as f64)));
+        assert_eq!(all_gather_named(comm, &mine).unwrap(), want);
 
         // The partition rule needs no communication: every rank computes the same split.
         let split = partition_rows(&[5, 1, 1, 9, 2], n);

@@ -34,10 +34,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
+use rlreplay_algo::MetricAccumulator;
 use rlreplay_dist::wire::{Reader, Writer};
 use rlreplay_dist::{
-    all_reduce_metrics, partition, partition_rows, Collective, Engine, Options, Shards,
-    SingleProcess,
+    all_gather_named, partition, partition_rows, Collective, Engine, Options, Shards, SingleProcess,
 };
 use rlreplay_model::{micro_batches, AdamW, Model, ModelConfig, SeqPair, StepReport};
 
@@ -117,7 +117,14 @@ pub fn reduce_timings(comm: &dyn Collective, metrics: &mut Metrics) -> Result<()
         .filter(|(k, _)| TIMING_PREFIXES.iter().any(|p| k.starts_with(p)))
         .map(|(k, v)| (k.clone(), *v))
         .collect();
-    metrics.extend(all_reduce_metrics(comm, &local, 1.0)?);
+    let mut acc = MetricAccumulator::new();
+    acc.add(&local, 1.0);
+    let mine: Vec<(&str, f64, f64)> = acc.state().collect();
+    let mut all = MetricAccumulator::new();
+    for (name, v, w) in all_gather_named(comm, &mine)? {
+        all.merge_state(&name, v, w);
+    }
+    metrics.extend(all.finish());
     Ok(())
 }
 
