@@ -1,6 +1,7 @@
 //! Rollout datasets on disk or on the hub: finding the shards, their steps, and reading them one
 //! step at a time.
 
+use crate::error::IoContext;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -205,8 +206,8 @@ fn local_files(spec: &str) -> Result<Vec<PathBuf>> {
     let data = path.join("data");
     let dir = if data.is_dir() { data } else { path.to_owned() };
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).map_err(Error::io("listing", &dir))? {
-        let p = entry.map_err(Error::io("listing", &dir))?.path();
+    for entry in std::fs::read_dir(&dir).at("listing", &dir)? {
+        let p = entry.at("listing", &dir)?.path();
         if p.is_file() && is_parquet(&p) {
             out.push(p);
         }
@@ -245,7 +246,7 @@ pub fn shard_step(path: &Path) -> Result<i64> {
             path: path.to_owned(),
         })
     };
-    let file = File::open(path).map_err(Error::io("opening", path))?;
+    let file = File::open(path).at("opening", path)?;
     let reader = SerializedFileReader::new(file).map_err(|source| Error::NotParquet {
         path: path.to_owned(),
         source,

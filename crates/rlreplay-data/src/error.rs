@@ -108,16 +108,9 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// A file operation that failed (`action` says which: opening, creating, writing, ...).
-    #[error("{action} {}", path.display())]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
+    /// A file operation that failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A temporary file that cannot be renamed into place.
     #[error("renaming {} to {}", from.display(), to.display())]
     Rename {
@@ -276,18 +269,42 @@ impl Error {
             _ => None,
         }
     }
+}
 
-    /// An I/O error on `path` while doing `action`.
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> Error {
-        let path = path.into();
-        move |source| Error::Io {
+/// A file operation that failed: what was being done (opening, creating, writing, ...), on which
+/// file or directory. The error every crate's file operations report, by [`IoContext::at`].
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {}", path.display())]
+pub struct IoError {
+    /// What was being done.
+    pub action: &'static str,
+    /// The file or directory.
+    pub path: PathBuf,
+    /// The I/O error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl IoError {
+    /// `source` while doing `action` on `path`.
+    pub fn new(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self {
             action,
-            path,
+            path: path.into(),
             source,
         }
+    }
+}
+
+/// Names the file of an I/O error: `fs::read(&p).at("reading", &p)?`.
+pub trait IoContext<T> {
+    /// The error as an [`IoError`]: `action` on `path`.
+    fn at(self, action: &'static str, path: impl Into<PathBuf>) -> std::result::Result<T, IoError>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn at(self, action: &'static str, path: impl Into<PathBuf>) -> std::result::Result<T, IoError> {
+        self.map_err(|source| IoError::new(action, path, source))
     }
 }
 

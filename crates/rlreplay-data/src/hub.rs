@@ -12,6 +12,7 @@
 //! because `hf-hub` 0.4 joins the server's ETag and commit headers and the listed names into
 //! cache paths unchecked.
 
+use crate::error::{IoContext, IoError};
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -483,21 +484,21 @@ impl HubPath {
         let blobs = root.join("blobs");
         let blob = blobs.join(&meta.blob);
         if !blob.is_file() {
-            std::fs::create_dir_all(&blobs).map_err(Error::io("creating", &blobs))?;
+            std::fs::create_dir_all(&blobs).at("creating", &blobs)?;
             download_blob(client, cfg, &url, name, meta.size, &blob)?;
         }
         if let Some(dir) = link.parent() {
-            std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+            std::fs::create_dir_all(dir).at("creating", dir)?;
         }
         if link.symlink_metadata().is_ok() {
             // A link left dangling by a removed blob.
-            std::fs::remove_file(&link).map_err(Error::io("removing", &link))?;
+            std::fs::remove_file(&link).at("removing", &link)?;
         }
         let up = "../".repeat(name.split('/').count() + 1);
         let target = PathBuf::from(format!("{up}blobs/{}", meta.blob));
         if let Err(e) = symlink(&target, &link) {
             if !link.is_file() {
-                return Err(Error::io("linking", &link)(e));
+                return Err(Error::from(IoError::new("linking", &link, e)));
             }
         }
         Ok(link)
@@ -507,9 +508,9 @@ impl HubPath {
     fn write_ref(&self, cfg: &HubConfig, sha: &str) -> Result<()> {
         let path = self.cache_root(cfg).join("refs").join(&self.revision);
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+            std::fs::create_dir_all(dir).at("creating", dir)?;
         }
-        std::fs::write(&path, sha).map_err(Error::io("writing", &path))
+        Ok(std::fs::write(&path, sha).at("writing", &path)?)
     }
 
     /// Files of this revision's cached snapshot, as `(name in repo, path)`.
@@ -730,7 +731,7 @@ fn download_blob(
     );
     let tmp = blob.with_extension(format!("{}.part", std::process::id()));
     let result = (|| -> Result<u64> {
-        let mut file = std::fs::File::create(&tmp).map_err(Error::io("creating", &tmp))?;
+        let mut file = std::fs::File::create(&tmp).at("creating", &tmp)?;
         let bar = if cfg.progress {
             indicatif::ProgressBar::new(size.unwrap_or(0))
         } else {
@@ -752,12 +753,11 @@ fn download_blob(
             why,
         };
         let mut reader = bar.wrap_read(body);
-        let n =
-            std::io::copy(&mut reader, &mut file).map_err(Error::io("downloading into", &tmp))?;
+        let n = std::io::copy(&mut reader, &mut file).at("downloading into", &tmp)?;
         bar.finish_and_clear();
         file.flush()
             .and_then(|()| file.sync_all())
-            .map_err(Error::io("writing", &tmp))?;
+            .at("writing", &tmp)?;
         Ok(n)
     })();
     let written = match result {
@@ -777,7 +777,7 @@ fn download_blob(
             });
         }
     }
-    std::fs::rename(&tmp, blob).map_err(Error::io("writing", blob))
+    Ok(std::fs::rename(&tmp, blob).at("writing", blob)?)
 }
 
 /// Resolves a hub path to the local snapshot directory holding the files that satisfy `wanted`

@@ -23,7 +23,7 @@ pub mod write;
 
 pub use batch::RolloutBatch;
 pub use dataset::{shard_step, step_from_name, Dataset, StepIter};
-pub use error::{Error, Result};
+pub use error::{Error, IoContext, IoError, Result};
 pub use hub::{resolve_hub_path, HubConfig, HubKind, HubPath};
 pub use read::{
     read_footer, read_shard, read_shard_reusing, validate_shard, ReadOptions, ShardFooter,

@@ -1,5 +1,6 @@
 //! Writing shards in the canonical schema: one zstd-compressed Parquet file per step, atomically.
 
+use crate::error::IoContext;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -89,11 +90,11 @@ impl ShardWriter {
     pub fn write_to(&self, path: &Path, batch: &RolloutBatch) -> Result<()> {
         let record = to_record_batch(batch)?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+        std::fs::create_dir_all(dir).at("creating", dir)?;
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("shard");
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let result = (|| -> Result<()> {
-            let file = File::create(&tmp).map_err(Error::io("creating", &tmp))?;
+            let file = File::create(&tmp).at("creating", &tmp)?;
             let level = ZstdLevel::try_new(self.zstd_level).map_err(|source| Error::ZstdLevel {
                 level: self.zstd_level,
                 source,
@@ -122,7 +123,7 @@ impl ShardWriter {
             let mut w = ArrowWriter::try_new(file, record.schema(), Some(props.build()))?;
             w.write(&record)?;
             let file = w.into_inner()?;
-            file.sync_all().map_err(Error::io("writing", &tmp))?;
+            file.sync_all().at("writing", &tmp)?;
             Ok(())
         })();
         if let Err(e) = result {

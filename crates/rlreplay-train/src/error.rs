@@ -65,16 +65,9 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
-    /// A file operation that failed (`action` says which: reading, creating, renaming, ...).
-    #[error("{action} {}", path.display())]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
+    /// A file operation that failed.
+    #[error(transparent)]
+    Io(#[from] rlreplay_data::IoError),
     /// A line of a JSON-lines file that does not parse.
     #[error("{} line {line}", path.display())]
     JsonLine {
@@ -458,31 +451,6 @@ impl Error {
             key: key.into(),
             message: message.into(),
         }
-    }
-
-    /// An I/O error on `path` while doing `action`.
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> Error {
-        let path = path.into();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
-        }
-    }
-}
-
-/// Names the file of an I/O error.
-pub(crate) trait IoContext<T> {
-    /// The error as [`Error::Io`]: `action` on `path`.
-    fn at(self, action: &'static str, path: &std::path::Path) -> Result<T>;
-}
-
-impl<T> IoContext<T> for std::io::Result<T> {
-    fn at(self, action: &'static str, path: &std::path::Path) -> Result<T> {
-        self.map_err(Error::io(action, path))
     }
 }
 

@@ -23,6 +23,7 @@
 //! of it is left. The policies' files are hard links to the run's where the file system allows
 //! (neither side rewrites them in place), copies otherwise; every other file is a copy.
 
+use rlreplay_data::IoContext;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::config::{Config, SourceKind, Task};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::rundir::{
     self, checkpoint_dir, complete_checkpoints, csv_field, csv_records, is_policy_file, link_files,
     newest_checkpoint, read_score_history, replace_dir, sync_tree, LATEST, TRAINER_STATE,
@@ -218,7 +219,7 @@ fn card_path(card: &Path, run: &Path, force: bool) -> Result<PathBuf> {
 /// `path` made absolute with its existing part canonical (symbolic links, `..` resolved).
 fn resolve(path: &Path) -> Result<PathBuf> {
     if path.exists() {
-        return path.canonicalize().at("cannot resolve", path);
+        return Ok(path.canonicalize().at("cannot resolve", path)?);
     }
     let abs = std::path::absolute(path).at("cannot resolve", path)?;
     match (abs.parent(), abs.file_name()) {
@@ -612,7 +613,8 @@ impl Run {
 
 /// Copies one file (the run's logs are appended in place, so they are never linked).
 fn copy(from: &Path, to: &Path) -> Result<()> {
-    fs::copy(from, to).at("cannot copy into", to).map(|_| ())
+    fs::copy(from, to).at("cannot copy into", to)?;
+    Ok(())
 }
 
 /// The rows of `validation_mean{k}.csv`.

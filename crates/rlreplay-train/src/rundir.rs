@@ -23,6 +23,7 @@
 //! `latest_checkpointed_iteration.txt` pointer is replaced atomically; older checkpoints are only
 //! removed after that. Killing the process at any moment leaves the last complete checkpoint intact.
 
+use rlreplay_data::{IoContext, IoError};
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -31,7 +32,7 @@ use std::path::{Path, PathBuf};
 use rlreplay_tensorboard::EventWriter;
 
 use crate::config::Logger;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 
 /// Name of the file inside a checkpoint that records the trainer state; written last.
 pub const TRAINER_STATE: &str = "trainer_state.json";
@@ -76,7 +77,7 @@ pub const TIMING_PREFIXES: [&str; 2] = ["perf/", "timing_s/"];
 /// compare equal.
 pub fn read_metrics(run_dir: &Path, timing: bool) -> Result<Vec<serde_json::Value>> {
     let path = run_dir.join("metrics.jsonl");
-    let text = fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
+    let text = fs::read_to_string(&path).at("reading", &path)?;
     text.lines()
         .enumerate()
         .map(|(i, line)| {
@@ -96,7 +97,7 @@ pub fn read_metrics(run_dir: &Path, timing: bool) -> Result<Vec<serde_json::Valu
 
 /// The columns of a `training_scores.csv` file (the run's or its published copy).
 pub fn read_score_history(path: &Path) -> Result<ScoreHistory> {
-    let text = fs::read_to_string(path).map_err(Error::io("reading", path))?;
+    let text = fs::read_to_string(path).at("reading", path)?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let mut out = ScoreHistory::new();
@@ -117,9 +118,13 @@ pub fn read_score_history(path: &Path) -> Result<ScoreHistory> {
 /// Writes a file atomically: temporary file in the same directory, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::io("writing", path)(std::io::ErrorKind::InvalidInput.into()))?;
+    let name = path.file_name().ok_or_else(|| {
+        Error::from(IoError::new(
+            "writing",
+            path,
+            std::io::ErrorKind::InvalidInput.into(),
+        ))
+    })?;
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         name.to_string_lossy(),
@@ -128,21 +133,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     {
         let written = File::create(&tmp)
             .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
-            .map_err(Error::io("cannot write", &tmp));
+            .at("cannot write", &tmp);
         if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
-            return Err(e);
+            return Err(e.into());
         }
     }
-    fs::rename(&tmp, path).map_err(Error::io("cannot rename into", path))?;
+    fs::rename(&tmp, path).at("cannot rename into", path)?;
     sync_dir(dir)
 }
 
 /// Syncs a directory's entries (after a rename into it).
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
+    Ok(File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(Error::io("cannot sync directory", dir))
+        .at("cannot sync directory", dir)?)
 }
 
 /// Syncs every file and directory under `dir`, then `dir` itself.
@@ -199,7 +204,7 @@ impl RunLock {
     /// Creates `dir` when missing and takes its lock. While another process holds it, the error
     /// names that process's pid.
     pub fn acquire(dir: &Path) -> Result<Self> {
-        fs::create_dir_all(dir).map_err(Error::io("cannot create run directory", dir))?;
+        fs::create_dir_all(dir).at("cannot create run directory", dir)?;
         let path = dir.join(LOCK);
         let mut file = OpenOptions::new()
             .read(true)
@@ -207,7 +212,7 @@ impl RunLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(Error::io("cannot open the run directory's lock", &path))?;
+            .at("cannot open the run directory's lock", &path)?;
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => {}
             Err(fs4::TryLockError::WouldBlock) => {
@@ -216,7 +221,9 @@ impl RunLock {
                     holder: lock_holder(&path),
                 });
             }
-            Err(fs4::TryLockError::Error(e)) => return Err(Error::io("cannot lock", &path)(e)),
+            Err(fs4::TryLockError::Error(e)) => {
+                return Err(Error::from(IoError::new("cannot lock", &path, e)))
+            }
         }
         file.set_len(0)
             .and_then(|()| writeln!(file, "{}", std::process::id()))
@@ -249,12 +256,18 @@ pub fn run_in_use(dir: &Path) -> Result<Option<String>> {
     let file = match File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("cannot open the run directory's lock", &path)(e)),
+        Err(e) => {
+            return Err(Error::from(IoError::new(
+                "cannot open the run directory's lock",
+                &path,
+                e,
+            )))
+        }
     };
     match fs4::FileExt::try_lock(&file) {
         Ok(()) => Ok(None),
         Err(fs4::TryLockError::WouldBlock) => Ok(Some(lock_holder(&path))),
-        Err(fs4::TryLockError::Error(e)) => Err(Error::io("cannot lock", &path)(e)),
+        Err(fs4::TryLockError::Error(e)) => Err(Error::from(IoError::new("cannot lock", &path, e))),
     }
 }
 
@@ -273,7 +286,7 @@ pub fn check_resumed_config<T: PartialEq + serde::Serialize>(
         // Killed before anything was saved: there is nothing to continue or compare with.
         return Ok(());
     }
-    let saved = fs::read_to_string(&path).map_err(Error::io("--resume: cannot read", &path))?;
+    let saved = fs::read_to_string(&path).at("--resume: cannot read", &path)?;
     let saved = parse(&saved).map_err(|e| Error::SavedConfig {
         path: path.clone(),
         source: Box::new(e),
@@ -341,9 +354,8 @@ impl RunDir {
     /// continue exactly where the checkpoint stands; a new event file starts with a restart
     /// marker at `resume_step + 1`, so TensorBoard drops what earlier files hold from there on.
     pub fn open(root: &Path, resume_step: u64, loggers: &[Logger]) -> Result<Self> {
-        fs::create_dir_all(root.join("checkpoints"))
-            .map_err(Error::io("cannot create run directory", root))?;
-        fs::create_dir_all(root.join("plots")).at("cannot create", &root.join("plots"))?;
+        fs::create_dir_all(root.join("checkpoints")).at("cannot create run directory", root)?;
+        fs::create_dir_all(root.join("plots")).at("cannot create", root.join("plots"))?;
         let metrics_path = root.join("metrics.jsonl");
         let scores_path = root.join("training_scores.csv");
         truncate_lines(&metrics_path, resume_step, |line| {
@@ -358,7 +370,7 @@ impl RunDir {
             .create(true)
             .append(true)
             .open(&scores_path)
-            .map_err(Error::io("cannot open", &scores_path))?;
+            .at("cannot open", &scores_path)?;
         if scores.metadata().at("cannot read", &scores_path)?.len() == 0 {
             let header: Vec<&str> = std::iter::once("step")
                 .chain(CSV_COLUMNS.iter().map(|c| c.0))
@@ -370,7 +382,7 @@ impl RunDir {
                 .create(true)
                 .append(true)
                 .open(&metrics_path)
-                .map_err(Error::io("cannot open", &metrics_path))?;
+                .at("cannot open", &metrics_path)?;
             Some(f)
         } else {
             None
@@ -420,7 +432,7 @@ impl RunDir {
             }
             writeln!(f, "{}", serde_json::Value::Object(obj))
                 .and_then(|()| f.flush())
-                .at("cannot write", &self.root.join("metrics.jsonl"))?;
+                .at("cannot write", self.root.join("metrics.jsonl"))?;
         }
         if let Some(w) = &mut self.events {
             let step = i64::try_from(step).map_err(|_| Error::StepRange(step))?;
@@ -436,7 +448,7 @@ impl RunDir {
         );
         writeln!(self.scores, "{}", row.join(","))
             .and_then(|()| self.scores.flush())
-            .at("cannot write", &self.root.join("training_scores.csv"))?;
+            .at("cannot write", self.root.join("training_scores.csv"))?;
         Ok(())
     }
 
@@ -542,7 +554,7 @@ pub(crate) fn replace_dir(new: &Path, dest: &Path, aside: &Path) -> Result<()> {
         if let Err(e) = fs::rename(new, dest) {
             // Put the previous directory back.
             let _ = fs::rename(aside, dest);
-            return Err(Error::io("cannot rename into", dest)(e));
+            return Err(Error::from(IoError::new("cannot rename into", dest, e)));
         }
         fs::remove_dir_all(aside).at("cannot remove", aside)?;
     } else {
@@ -587,12 +599,12 @@ impl RunDir {
     /// Appends a line to `run.log`.
     pub fn log(&self, line: &str) -> Result<()> {
         let path = self.root.join("run.log");
-        OpenOptions::new()
+        Ok(OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .and_then(|mut f| writeln!(f, "{line}"))
-            .at("cannot write", &path)
+            .at("cannot write", &path)?)
     }
 
     /// The directory the best policy of a validation is saved into before its promotion.
@@ -864,7 +876,7 @@ fn truncate_lines(path: &Path, max_step: u64, step_of: impl Fn(&str) -> Option<u
     if !path.exists() {
         return Ok(());
     }
-    let file = File::open(path).map_err(Error::io("cannot read", path))?;
+    let file = File::open(path).at("cannot read", path)?;
     let mut kept = String::new();
     let mut changed = false;
     for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
@@ -903,7 +915,7 @@ mod tests {
     }
 
     fn state(dir: &Path) -> Result<()> {
-        fs::write(dir.join(TRAINER_STATE), "{}").at("writing", &dir.join(TRAINER_STATE))
+        Ok(fs::write(dir.join(TRAINER_STATE), "{}").at("writing", dir.join(TRAINER_STATE))?)
     }
 
     #[test]
@@ -996,15 +1008,17 @@ mod tests {
         // A save that fails half-way leaves the previous checkpoint the latest.
         let e = rd.save_checkpoint(8, 2, |d| {
             fs::write(d.join("model.safetensors"), b"partial").unwrap();
-            Err(Error::io("writing", d.join("model.safetensors"))(
+            Err(Error::from(IoError::new(
+                "writing",
+                d.join("model.safetensors"),
                 std::io::Error::from_raw_os_error(28),
-            ))
+            )))
         });
         // The error says which checkpoint and which file, and nothing of it is left.
         let Err(Error::WriteCheckpoint { step: 8, source }) = &e else {
             panic!("{e:?}")
         };
-        let Error::Io { path, .. } = &**source else {
+        let Error::Io(IoError { path, .. }) = &**source else {
             panic!("{source:?}")
         };
         assert!(path.ends_with("model.safetensors"), "{path:?}");

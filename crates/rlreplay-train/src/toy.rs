@@ -3,6 +3,7 @@
 //! a few Qwen3-style special tokens; about a hundred ids), a Qwen3-style chat template, and the
 //! tiny random model of `[model.random]` with an optional supervised warm-up.
 
+use rlreplay_data::IoContext;
 use std::path::Path;
 
 use rand::seq::{IndexedRandom, SliceRandom};
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::config::{RandomModel, ToyTask};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 
 /// End of text (also the padding token), id 0.
 pub const ENDOFTEXT: &str = "<|endoftext|>";
@@ -99,7 +100,7 @@ pub fn tokenizer_config_json() -> Value {
 
 /// Writes `tokenizer.json` and `tokenizer_config.json` into `dir` (created if needed).
 pub fn write_tokenizer(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(Error::io("creating", dir))?;
+    std::fs::create_dir_all(dir).at("creating", dir)?;
     for (name, value) in [
         ("tokenizer.json", tokenizer_json()),
         ("tokenizer_config.json", tokenizer_config_json()),
@@ -109,7 +110,7 @@ pub fn write_tokenizer(dir: &Path) -> Result<()> {
             what: "the toy tokenizer",
             source,
         })?;
-        std::fs::write(&path, text).map_err(Error::io("writing", &path))?;
+        std::fs::write(&path, text).at("writing", &path)?;
     }
     Ok(())
 }
@@ -257,7 +258,7 @@ pub fn make_model(random: &RandomModel, task: &ToyTask, dtype: DType, dir: &Path
     let staged = tmp.with_extension("model");
     model.save_hf(&staged)?;
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tmp.join(f), staged.join(f)).at("copying into", &staged.join(f))?;
+        std::fs::copy(tmp.join(f), staged.join(f)).at("copying into", staged.join(f))?;
     }
     std::fs::remove_dir_all(&tmp).at("removing", &tmp)?;
     if dir.exists() {

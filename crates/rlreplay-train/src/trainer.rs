@@ -9,6 +9,7 @@
 //! random choice derives from the seeds and the trainer step, so a run continued from a checkpoint
 //! is bit-identical to an uninterrupted one.
 
+use rlreplay_data::IoContext;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -217,7 +218,7 @@ impl Start {
         };
         let mut model_dir = None;
         if root {
-            std::fs::create_dir_all(out).map_err(Error::io("cannot create run directory", out))?;
+            std::fs::create_dir_all(out).at("cannot create run directory", out)?;
             model_dir = initial_model_dir(cfg, out)?;
         }
         // The others start once rank 0 has prepared the run directory.
@@ -312,7 +313,7 @@ fn resumed_policy(
     policy.set_source_dir(model_dir.map(Path::to_path_buf));
     let opt = AdamW::load(dir.join(OPTIMIZER_STATE), &policy).map_err(load)?;
     let path = dir.join(TRAINER_STATE);
-    let text = std::fs::read_to_string(&path).map_err(Error::io("reading", &path))?;
+    let text = std::fs::read_to_string(&path).at("reading", &path)?;
     let state: TrainerState = serde_json::from_str(&text).map_err(|source| Error::JsonFile {
         path: path.clone(),
         source,

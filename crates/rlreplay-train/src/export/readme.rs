@@ -1,6 +1,7 @@
 //! The model card's README: YAML front matter (metadata and model-index), the published card's
 //! sections, filled from the run.
 
+use rlreplay_data::IoContext;
 use std::fs;
 use std::path::Path;
 
@@ -8,7 +9,7 @@ use serde::Serialize;
 
 use super::{ExportOptions, Run, ValRow};
 use crate::config::{Config, SourceKind, Task, TeacherRegularization};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::rundir::csv_records;
 
 /// What the card's sections share.

@@ -24,6 +24,7 @@
 //!   was sent.
 //!   With `weight_sync = "none"` versions are unknown.
 
+use rlreplay_data::IoContext;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -220,9 +221,9 @@ impl Remote {
             source,
         })?;
         let marker = dir.join(STABLE);
-        std::fs::write(&marker, format!("{version}\n")).map_err(Error::io("writing", &marker))?;
+        std::fs::write(&marker, format!("{version}\n")).at("writing", &marker)?;
         let path = std::path::absolute(&dir)
-            .map_err(Error::io("resolving", &dir))?
+            .at("resolving", &dir)?
             .to_string_lossy()
             .into_owned();
         let body = serde_json::to_value(UpdateWeightsFromDisk {
