@@ -559,3 +559,19 @@ def test_same_numbers_as_rlreplay_compute(case, tmp_path):
     want = json.loads(out.stdout)
     got = compute_like_the_cli(json.loads(path.read_text()))
     assert got == want
+
+
+def test_without_numpy_an_import_error_not_a_panic():
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "import rlreplay\n"
+        "try:\n"
+        "    rlreplay.compute_advantages([1.0], ['a'], [1])\n"
+        "except ImportError as e:\n"
+        "    print('ImportError', e)\n"
+        "print(rlreplay.verify('1', '1'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ImportError rlreplay's algorithm functions need NumPy"), out.stdout
+    assert out.stdout.endswith("1.0\n")

@@ -13,7 +13,7 @@ use numpy::{
     AllowTypeChange, IntoPyArray, PyArrayDescrMethods, PyArrayLikeDyn, PyUntypedArray,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{PyImportError, PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 use rlreplay_algo::{AlgoConfig, AlgoError, MicroBatch};
@@ -298,6 +298,28 @@ fn algo_error(e: AlgoError, fallback: &str) -> PyErr {
     bad(arg, e)
 }
 
+/// The `RuntimeError` of a caught panic.
+pub(crate) fn panic_error(panic: Box<dyn std::any::Any + Send>) -> PyErr {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    PyRuntimeError::new_err(format!("rlreplay failed (a bug, please report it): {msg}"))
+}
+
+/// Runs a function's body: NumPy imported first (an `ImportError` without it, where the NumPy
+/// bindings would panic), a panic caught as a `RuntimeError`.
+fn guarded<T>(py: Python<'_>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    py.import("numpy").map_err(|e| {
+        PyImportError::new_err(format!(
+            "rlreplay's algorithm functions need NumPy (pip install numpy): {}",
+            e.value(py)
+        ))
+    })?;
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panic_error(p)))
+}
+
 /// Runs `f` with the GIL released; an error of rlreplay-algo becomes a `ValueError` (see
 /// [`algo_error`]) and a panic a `RuntimeError`, never a panic crossing into Python.
 fn run<T: Send>(
@@ -308,16 +330,7 @@ fn run<T: Send>(
     match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(algo_error(e, fallback)),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(PyRuntimeError::new_err(format!(
-                "rlreplay-algo failed (a bug, please report it): {msg}"
-            )))
-        }
+        Err(panic) => Err(panic_error(panic)),
     }
 }
 
@@ -338,20 +351,22 @@ pub fn compute_advantages<'py>(
     mask: Option<&Bound<'py, PyAny>>,
     config: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cfg = algo_config(config)?;
-    let layout = Layout::new(lengths)?;
-    let scores = layout.rows_of("scores", floats("scores", scores)?)?;
-    let uids = layout.rows_of("uids", group_ids("uids", uids)?)?;
-    let mask = layout.token_bools("mask", mask)?;
-    let offsets = layout.offsets;
-    let adv = run(py, "adv_estimator", move || {
-        rlreplay_algo::compute_advantages(&cfg, &uids, &scores, &offsets, mask.as_deref())
-    })?;
-    let out = PyDict::new(py);
-    out.set_item("advantages", adv.rows.into_pyarray(py))?;
-    out.set_item("token_advantages", adv.tokens.into_pyarray(py))?;
-    out.set_item("metrics", adv.metrics)?;
-    Ok(out)
+    guarded(py, || {
+        let cfg = algo_config(config)?;
+        let layout = Layout::new(lengths)?;
+        let scores = layout.rows_of("scores", floats("scores", scores)?)?;
+        let uids = layout.rows_of("uids", group_ids("uids", uids)?)?;
+        let mask = layout.token_bools("mask", mask)?;
+        let offsets = layout.offsets;
+        let adv = run(py, "adv_estimator", move || {
+            rlreplay_algo::compute_advantages(&cfg, &uids, &scores, &offsets, mask.as_deref())
+        })?;
+        let out = PyDict::new(py);
+        out.set_item("advantages", adv.rows.into_pyarray(py))?;
+        out.set_item("token_advantages", adv.tokens.into_pyarray(py))?;
+        out.set_item("metrics", adv.metrics)?;
+        Ok(out)
+    })
 }
 
 /// Rollout correction between the trainer's `old_logprobs` and the rollout engine's
@@ -370,23 +385,25 @@ pub fn rollout_correction<'py>(
     mask: Option<&Bound<'py, PyAny>>,
     config: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cfg = algo_config(config)?;
-    let layout = Layout::new(lengths)?;
-    let old = layout.tokens_of("old_logprobs", floats("old_logprobs", old_logprobs)?)?;
-    let rollout = layout.tokens_of(
-        "rollout_logprobs",
-        floats("rollout_logprobs", rollout_logprobs)?,
-    )?;
-    let mask = layout.token_bools("mask", mask)?;
-    let offsets = layout.offsets;
-    let c = run(py, "old_logprobs", move || {
-        rlreplay_algo::rollout_correction(&cfg, &offsets, &old, &rollout, mask.as_deref())
-    })?;
-    let out = PyDict::new(py);
-    out.set_item("is_weights", c.is_weights.map(|w| w.into_pyarray(py)))?;
-    out.set_item("mask", c.mask.into_pyarray(py))?;
-    out.set_item("metrics", c.metrics)?;
-    Ok(out)
+    guarded(py, || {
+        let cfg = algo_config(config)?;
+        let layout = Layout::new(lengths)?;
+        let old = layout.tokens_of("old_logprobs", floats("old_logprobs", old_logprobs)?)?;
+        let rollout = layout.tokens_of(
+            "rollout_logprobs",
+            floats("rollout_logprobs", rollout_logprobs)?,
+        )?;
+        let mask = layout.token_bools("mask", mask)?;
+        let offsets = layout.offsets;
+        let c = run(py, "old_logprobs", move || {
+            rlreplay_algo::rollout_correction(&cfg, &offsets, &old, &rollout, mask.as_deref())
+        })?;
+        let out = PyDict::new(py);
+        out.set_item("is_weights", c.is_weights.map(|w| w.into_pyarray(py)))?;
+        out.set_item("mask", c.mask.into_pyarray(py))?;
+        out.set_item("metrics", c.metrics)?;
+        Ok(out)
+    })
 }
 
 /// The policy loss of a batch and its per-token coefficients dL/dℓ, as `rlreplay compute`
@@ -423,46 +440,48 @@ pub fn policy_loss<'py>(
     correct: Option<&Bound<'py, PyAny>>,
     config: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cfg = algo_config(config)?;
-    let layout = Layout::new(lengths)?;
-    let logprobs = layout.tokens_of("logprobs", floats("logprobs", logprobs)?)?;
-    let adv = layout.tokens_of(
-        "token_advantages",
-        floats("token_advantages", token_advantages)?,
-    )?;
-    let old = layout.token_floats("old_logprobs", old_logprobs)?;
-    let rollout = layout.token_floats("rollout_logprobs", rollout_logprobs)?;
-    let is_w = layout.token_floats("is_weights", is_weights)?;
-    let mask = layout.token_bools("mask", mask)?;
-    let teacher = layout.token_floats("teacher_logprobs", teacher_logprobs)?;
-    let reference = layout.token_floats("ref_logprobs", ref_logprobs)?;
-    let sd_active = layout.row_bools("sd_active", sd_active)?;
-    let correct = layout.row_bools("correct", correct)?;
-    let offsets = layout.offsets;
-    let out = run(py, "logprobs", move || {
-        rlreplay_algo::mini_batch_loss(
-            &cfg,
-            &MicroBatch {
-                first_row: 0,
-                offsets: &offsets,
-                logprobs: &logprobs,
-                old_logprobs: old.as_deref(),
-                rollout_logprobs: rollout.as_deref(),
-                token_advantages: &adv,
-                is_weights: is_w.as_deref(),
-                mask: mask.as_deref(),
-                teacher_logprobs: teacher.as_deref(),
-                sd_active: sd_active.as_deref(),
-                correct: correct.as_deref(),
-                ref_logprobs: reference.as_deref(),
-            },
-        )
-    })?;
-    let d = PyDict::new(py);
-    d.set_item("loss", out.loss)?;
-    d.set_item("grad_logprobs", out.grad_logprobs.into_pyarray(py))?;
-    d.set_item("token_advantages", out.token_advantages.into_pyarray(py))?;
-    d.set_item("valid_tokens", out.valid_tokens)?;
-    d.set_item("metrics", out.metrics)?;
-    Ok(d)
+    guarded(py, || {
+        let cfg = algo_config(config)?;
+        let layout = Layout::new(lengths)?;
+        let logprobs = layout.tokens_of("logprobs", floats("logprobs", logprobs)?)?;
+        let adv = layout.tokens_of(
+            "token_advantages",
+            floats("token_advantages", token_advantages)?,
+        )?;
+        let old = layout.token_floats("old_logprobs", old_logprobs)?;
+        let rollout = layout.token_floats("rollout_logprobs", rollout_logprobs)?;
+        let is_w = layout.token_floats("is_weights", is_weights)?;
+        let mask = layout.token_bools("mask", mask)?;
+        let teacher = layout.token_floats("teacher_logprobs", teacher_logprobs)?;
+        let reference = layout.token_floats("ref_logprobs", ref_logprobs)?;
+        let sd_active = layout.row_bools("sd_active", sd_active)?;
+        let correct = layout.row_bools("correct", correct)?;
+        let offsets = layout.offsets;
+        let out = run(py, "logprobs", move || {
+            rlreplay_algo::mini_batch_loss(
+                &cfg,
+                &MicroBatch {
+                    first_row: 0,
+                    offsets: &offsets,
+                    logprobs: &logprobs,
+                    old_logprobs: old.as_deref(),
+                    rollout_logprobs: rollout.as_deref(),
+                    token_advantages: &adv,
+                    is_weights: is_w.as_deref(),
+                    mask: mask.as_deref(),
+                    teacher_logprobs: teacher.as_deref(),
+                    sd_active: sd_active.as_deref(),
+                    correct: correct.as_deref(),
+                    ref_logprobs: reference.as_deref(),
+                },
+            )
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("loss", out.loss)?;
+        d.set_item("grad_logprobs", out.grad_logprobs.into_pyarray(py))?;
+        d.set_item("token_advantages", out.token_advantages.into_pyarray(py))?;
+        d.set_item("valid_tokens", out.valid_tokens)?;
+        d.set_item("metrics", out.metrics)?;
+        Ok(d)
+    })
 }

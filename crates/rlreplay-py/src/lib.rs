@@ -13,6 +13,7 @@ mod algo;
 #[cfg(feature = "cli")]
 mod cli;
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -213,24 +214,28 @@ impl PyDataset {
         lenient: bool,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let range = step_range(steps)?;
+        // A panic in the reader is caught: it becomes a `RuntimeError`.
         let lines = py
-            .detach(|| -> Result<Vec<String>, String> {
-                let eos = match eos.filter(|e| !e.is_empty()) {
-                    Some(ids) => Some(ids),
-                    None => self
-                        .inner
-                        .stop_ids()
-                        .map_err(|e| e.to_string())?
-                        .map(|s| s.ids),
-                };
-                let opts = ReadOptions {
-                    lenient,
-                    eos: eos.clone().unwrap_or_default(),
-                    vocab: None,
-                    max_positions: None,
-                };
-                audit_lines(&self.inner, range, opts, eos.as_deref())
+            .detach(|| {
+                catch_unwind(AssertUnwindSafe(|| -> Result<Vec<String>, String> {
+                    let eos = match eos.filter(|e| !e.is_empty()) {
+                        Some(ids) => Some(ids),
+                        None => self
+                            .inner
+                            .stop_ids()
+                            .map_err(|e| e.to_string())?
+                            .map(|s| s.ids),
+                    };
+                    let opts = ReadOptions {
+                        lenient,
+                        eos: eos.clone().unwrap_or_default(),
+                        vocab: None,
+                        max_positions: None,
+                    };
+                    audit_lines(&self.inner, range, opts, eos.as_deref())
+                }))
             })
+            .map_err(algo::panic_error)?
             .map_err(|e| bad("steps", e))?;
         let loads = py.import("json")?.getattr("loads")?;
         lines.iter().map(|l| loads.call1((l,))).collect()
