@@ -21,7 +21,7 @@ pub use config::{
 };
 pub use correction::{off_policy_metrics, rollout_correction, RolloutCorrection};
 pub use error::{AlgoError, Result};
-pub use loss::{policy_loss, LossOutput, MicroBatch, Normalizer};
+pub use loss::{mini_batch_loss, policy_loss, LossOutput, MicroBatch, Normalizer};
 pub use metrics::{MetricAccumulator, Metrics};
 pub use rlsd::trust_region_logprobs;
 

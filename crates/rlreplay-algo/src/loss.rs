@@ -5,7 +5,7 @@ use crate::config::{AggMode, AggNormalizer, AlgoConfig, KlType, PolicyObjective,
 use crate::correction::{bypass_weights, SAFETY_BOUND};
 use crate::error::{AlgoError, Result};
 use crate::layout::Rows;
-use crate::metrics::Metrics;
+use crate::metrics::{MetricAccumulator, Metrics};
 use crate::rlsd::{reweight_token, ReweightStats};
 
 /// Aggregation statistics of one mini-batch, computed once before its first micro-batch.
@@ -338,6 +338,72 @@ pub fn policy_loss(cfg: &AlgoConfig, norm: &Normalizer, mb: &MicroBatch) -> Resu
         valid_tokens,
         metrics: m,
     })
+}
+
+/// The policy loss of a whole mini-batch, as `rlreplay compute` evaluates a batch: the
+/// [`Normalizer`] of all its rows (`batch.offsets`, `batch.mask`), then [`policy_loss`] on each of
+/// its [`Normalizer::micro_batches`] (one under the `global` normaliser). Losses are summed,
+/// gradients and advantages concatenated, valid tokens counted, and metrics merged by
+/// [`MetricAccumulator`] weighted by valid tokens. `batch.first_row` is ignored (the batch is
+/// the whole mini-batch).
+pub fn mini_batch_loss<'a>(cfg: &AlgoConfig, batch: &MicroBatch<'a>) -> Result<LossOutput> {
+    let rows = Rows::new(batch.offsets, 0)?;
+    rows.check_tokens("logprobs", batch.logprobs)?;
+    rows.check_tokens("token_advantages", batch.token_advantages)?;
+    for (field, xs) in [
+        ("old_logprobs", batch.old_logprobs),
+        ("rollout_logprobs", batch.rollout_logprobs),
+        ("is_weights", batch.is_weights),
+        ("teacher_logprobs", batch.teacher_logprobs),
+        ("ref_logprobs", batch.ref_logprobs),
+    ] {
+        if let Some(xs) = xs {
+            rows.check_tokens(field, xs)?;
+        }
+    }
+    if let Some(m) = batch.mask {
+        rows.check_tokens("mask", m)?;
+    }
+    for (field, xs) in [("sd_active", batch.sd_active), ("correct", batch.correct)] {
+        if let Some(xs) = xs {
+            rows.check_rows(field, xs)?;
+        }
+    }
+    let norm = Normalizer::new(cfg, batch.offsets, batch.mask)?;
+    let mut out = LossOutput {
+        loss: 0.0,
+        grad_logprobs: Vec::with_capacity(rows.tokens()),
+        token_advantages: Vec::with_capacity(rows.tokens()),
+        valid_tokens: 0,
+        metrics: Metrics::new(),
+    };
+    let mut acc = MetricAccumulator::new();
+    for r in norm.micro_batches() {
+        let t = rows.range(r.start).start..rows.range(r.end - 1).end;
+        let tokens = |xs: Option<&'a [f64]>| xs.map(|x| &x[t.clone()]);
+        let mb = MicroBatch {
+            first_row: r.start,
+            offsets: &batch.offsets[r.start..=r.end],
+            logprobs: &batch.logprobs[t.clone()],
+            old_logprobs: tokens(batch.old_logprobs),
+            rollout_logprobs: tokens(batch.rollout_logprobs),
+            token_advantages: &batch.token_advantages[t.clone()],
+            is_weights: tokens(batch.is_weights),
+            mask: batch.mask.map(|m| &m[t.clone()]),
+            teacher_logprobs: tokens(batch.teacher_logprobs),
+            sd_active: batch.sd_active.map(|x| &x[r.clone()]),
+            correct: batch.correct.map(|x| &x[r.clone()]),
+            ref_logprobs: tokens(batch.ref_logprobs),
+        };
+        let o = policy_loss(cfg, &norm, &mb)?;
+        out.loss += o.loss;
+        out.grad_logprobs.extend_from_slice(&o.grad_logprobs);
+        out.token_advantages.extend_from_slice(&o.token_advantages);
+        out.valid_tokens += o.valid_tokens;
+        acc.add(&o.metrics, o.valid_tokens as f64);
+    }
+    out.metrics = acc.finish();
+    Ok(out)
 }
 
 type RlsdInfo = Option<(ReweightStats, (usize, usize, usize))>;

@@ -535,6 +535,17 @@ fn micro_batch_vs_global_token_mean() {
             total += policy_loss(&c, &norm, &mb).unwrap().loss;
         }
         assert!(close(total, want, 1e-12), "{normalizer:?}: {total}");
+        // The same split and sum in one call.
+        let whole = MicroBatch {
+            offsets: &offsets,
+            logprobs: &logprobs,
+            token_advantages: &adv,
+            ..MicroBatch::default()
+        };
+        let out = mini_batch_loss(&c, &whole).unwrap();
+        assert_eq!(out.loss, total, "{normalizer:?}");
+        assert_eq!(out.valid_tokens, 10);
+        assert_eq!(out.grad_logprobs.len(), 10);
     }
 }
 

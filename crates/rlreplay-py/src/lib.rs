@@ -1,11 +1,19 @@
 //! The `rlreplay` Python module (`rlreplay._rlreplay`, re-exported by `python/rlreplay`): the math
 //! verifier of `rlreplay verify` and the reward dispatch by data source of the trainer and
 //! `rlreplay eval`, for Python trainers (verl's `compute_score`, TRL reward functions), and rollout
-//! datasets whose steps are handed to pyarrow through the Arrow C stream interface.
+//! datasets whose steps are handed to pyarrow through the Arrow C stream interface and audited as
+//! `rlreplay audit` does; the algorithm layer of `rlreplay compute` over NumPy arrays
+//! ([`algo`]); with the `cli` feature, the `rlreplay` command itself ([`cli`]).
 //!
 //! Bad arguments raise `ValueError` naming the argument; verification itself never panics
-//! (rlreplay-reward catches and bounds it), and the GIL is released while answers are graded.
+//! (rlreplay-reward catches and bounds it), a panic of the algorithm layer is caught, and the GIL
+//! is released while answers are graded, steps read and batches computed.
 
+mod algo;
+#[cfg(feature = "cli")]
+mod cli;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -14,7 +22,9 @@ use arrow_array::RecordBatchIterator;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyCapsule, PyFloat, PyInt, PyString};
-use rlreplay_data::{write::to_record_batch, Dataset, ReadOptions};
+use rlreplay_data::{
+    write::to_record_batch, AuditStats, AuditSums, Dataset, ReadOptions, StepRange,
+};
 use rlreplay_reward::{Limits, MathVerifier, Mode, RewardDispatch};
 
 /// A `ValueError` naming the argument `arg`.
@@ -187,6 +197,50 @@ impl PyDataset {
         py.import("pyarrow")?.call_method1("table", (stream,))
     }
 
+    /// Per-step statistics of the steps in `steps` (None: all; an int; or `"A..B"`, `"A.."`,
+    /// `"..B"`), as `rlreplay audit PATH --json` prints them: one dict per step (`step`, `file`,
+    /// `rows`, `groups`, `group_size`, `score_mean`, `solve_none`, `solve_all`,
+    /// `prompt_len_mean`, `resp_len_mean`, `resp_len_max`, `truncated`, `logprob_mean`,
+    /// `rows_skipped`), then the summary (`summary: True`, `steps`, the same statistics over all).
+    /// `eos` lists the end-of-sequence ids that tell truncated responses (None or empty: those
+    /// the dataset's shards name; `truncated` is None when none is known). `lenient` skips bad
+    /// rows instead of raising.
+    #[pyo3(signature = (steps = None, eos = None, lenient = false))]
+    fn audit<'py>(
+        &self,
+        py: Python<'py>,
+        steps: Option<&Bound<'py, PyAny>>,
+        eos: Option<Vec<u32>>,
+        lenient: bool,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let range = step_range(steps)?;
+        // A panic in the reader is caught: it becomes a `RuntimeError`.
+        let lines = py
+            .detach(|| {
+                catch_unwind(AssertUnwindSafe(|| -> Result<Vec<String>, String> {
+                    let eos = match eos.filter(|e| !e.is_empty()) {
+                        Some(ids) => Some(ids),
+                        None => self
+                            .inner
+                            .stop_ids()
+                            .map_err(|e| e.to_string())?
+                            .map(|s| s.ids),
+                    };
+                    let opts = ReadOptions {
+                        lenient,
+                        eos: eos.clone().unwrap_or_default(),
+                        vocab: None,
+                        max_positions: None,
+                    };
+                    audit_lines(&self.inner, range, opts, eos.as_deref())
+                }))
+            })
+            .map_err(algo::panic_error)?
+            .map_err(|e| bad("steps", e))?;
+        let loads = py.import("json")?.getattr("loads")?;
+        lines.iter().map(|l| loads.call1((l,))).collect()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "rlreplay.Dataset({:?}, {} steps)",
@@ -194,6 +248,88 @@ impl PyDataset {
             self.inner.steps().len()
         )
     }
+}
+
+/// A step range of `audit`: None (all), one step, or the CLI's `--steps` text.
+fn step_range(steps: Option<&Bound<'_, PyAny>>) -> PyResult<StepRange> {
+    match steps {
+        None => Ok(StepRange::ALL),
+        Some(s) if s.is_instance_of::<PyString>() => {
+            s.extract::<String>()?.parse().map_err(|e| bad("steps", e))
+        }
+        Some(s) if !s.is_instance_of::<PyBool>() => match s.extract::<i64>() {
+            Ok(n) => Ok(StepRange::new(n, n)),
+            Err(_) => Err(bad(
+                "steps",
+                "must be None, an int or a range like \"1..10\"",
+            )),
+        },
+        Some(_) => Err(bad(
+            "steps",
+            "must be None, an int or a range like \"1..10\"",
+        )),
+    }
+}
+
+/// One step's line of `rlreplay audit --json`.
+#[derive(serde::Serialize)]
+struct StepLine<'a> {
+    step: i64,
+    file: &'a str,
+    #[serde(flatten)]
+    stats: AuditStats,
+    rows_skipped: usize,
+}
+
+/// The summary line of `rlreplay audit --json`.
+#[derive(serde::Serialize)]
+struct SummaryLine {
+    summary: bool,
+    steps: usize,
+    #[serde(flatten)]
+    stats: AuditStats,
+    rows_skipped: usize,
+}
+
+/// The JSON lines `rlreplay audit --json` prints for the steps of `range`.
+fn audit_lines(
+    ds: &Dataset,
+    range: StepRange,
+    opts: ReadOptions,
+    eos: Option<&[u32]>,
+) -> Result<Vec<String>, String> {
+    let json = |e: serde_json::Error| e.to_string();
+    let mut lines = Vec::new();
+    let mut total = AuditSums::default();
+    let mut skipped = 0;
+    let mut steps = ds.iter(range, opts);
+    while let Some(item) = steps.next() {
+        let (batch, report) = item.map_err(|e| e.to_string())?;
+        let sums = AuditSums::of_batch(&batch, eos);
+        total.merge(&sums);
+        skipped += report.rows_skipped;
+        let file = batch.source.to_string_lossy();
+        lines.push(
+            serde_json::to_string(&StepLine {
+                step: batch.step,
+                file: &file,
+                stats: sums.stats(),
+                rows_skipped: report.rows_skipped,
+            })
+            .map_err(json)?,
+        );
+        steps.recycle(batch);
+    }
+    lines.push(
+        serde_json::to_string(&SummaryLine {
+            summary: true,
+            steps: total.steps,
+            stats: total.stats(),
+            rows_skipped: skipped,
+        })
+        .map_err(json)?,
+    );
+    Ok(lines)
 }
 
 /// An Arrow C stream handed to pyarrow once through the Arrow PyCapsule interface.
@@ -239,6 +375,11 @@ fn rlreplay_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_batch, m)?)?;
     m.add_function(wrap_pyfunction!(compute_score, m)?)?;
     m.add_function(wrap_pyfunction!(open_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(algo::compute_advantages, m)?)?;
+    m.add_function(wrap_pyfunction!(algo::rollout_correction, m)?)?;
+    m.add_function(wrap_pyfunction!(algo::policy_loss, m)?)?;
+    #[cfg(feature = "cli")]
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_class::<PyDataset>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

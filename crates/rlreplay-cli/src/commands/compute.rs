@@ -6,8 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use rlreplay_algo::{
-    compute_advantages, policy_loss, rollout_correction, AlgoConfig, MetricAccumulator, MicroBatch,
-    Normalizer,
+    compute_advantages, mini_batch_loss, rollout_correction, AlgoConfig, MicroBatch,
 };
 use serde::{Deserialize, Serialize};
 
@@ -149,45 +148,36 @@ fn compute(input: Input) -> anyhow::Result<Output> {
     let adv = compute_advantages(&cfg, &uids, &scores, &offsets, mask.as_deref())?;
     metrics.extend(adv.metrics.clone());
 
-    let norm = Normalizer::new(&cfg, &offsets, mask.as_deref())?;
-    let mut grad = vec![0.0; logprobs.len()];
-    let mut loss = 0.0;
-    let mut acc = MetricAccumulator::new();
     if cfg.loss_mode.needs_teacher() && teacher.is_none() {
         bail!(
             "loss_mode `{}` needs `teacher_logprobs`",
             cfg.loss_mode.name()
         );
     }
-    for range in norm.micro_batches() {
-        let (a, b) = (range.start, range.end);
-        let (s, e) = (offsets[a], offsets[b]);
-        let mb = MicroBatch {
-            first_row: a,
-            offsets: &offsets[a..=b],
-            logprobs: &logprobs[s..e],
-            old_logprobs: Some(&old[s..e]),
-            rollout_logprobs: rollout.as_ref().map(|x| &x[s..e]),
-            token_advantages: &adv.tokens[s..e],
-            is_weights: is_weights.as_ref().map(|x| &x[s..e]),
-            mask: mask.as_ref().map(|x| &x[s..e]),
-            teacher_logprobs: teacher.as_ref().map(|x| &x[s..e]),
-            sd_active: Some(&sd_active[a..b]),
-            correct: Some(&correct[a..b]),
-            ref_logprobs: reference.as_ref().map(|x| &x[s..e]),
-        };
-        let out = policy_loss(&cfg, &norm, &mb)?;
-        loss += out.loss;
-        grad[s..e].copy_from_slice(&out.grad_logprobs);
-        acc.add(&out.metrics, out.valid_tokens as f64);
-    }
-    metrics.extend(acc.finish());
+    let out = mini_batch_loss(
+        &cfg,
+        &MicroBatch {
+            first_row: 0,
+            offsets: &offsets,
+            logprobs: &logprobs,
+            old_logprobs: Some(&old),
+            rollout_logprobs: rollout.as_deref(),
+            token_advantages: &adv.tokens,
+            is_weights: is_weights.as_deref(),
+            mask: mask.as_deref(),
+            teacher_logprobs: teacher.as_deref(),
+            sd_active: Some(&sd_active),
+            correct: Some(&correct),
+            ref_logprobs: reference.as_deref(),
+        },
+    )?;
+    metrics.extend(out.metrics);
     Ok(Output {
         advantages: adv.rows,
         token_advantages: split(&offsets, &adv.tokens),
         is_weights: is_weights.map(|w| split(&offsets, &w)),
-        loss,
-        grad_logprobs: split(&offsets, &grad),
+        loss: out.loss,
+        grad_logprobs: split(&offsets, &out.grad_logprobs),
         metrics,
     })
 }
