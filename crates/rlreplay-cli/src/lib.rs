@@ -56,7 +56,7 @@ enum Command {
 
 impl Cli {
     /// Whether the command trains a policy (`replay`, `train`): the binary then keeps freed memory
-    /// committed (see `rlreplay_model::keep_freed_memory_committed`).
+    /// committed (see `keep_freed_memory_committed` in `main.rs`).
     pub fn trains(&self) -> bool {
         matches!(self.command, Command::Replay(_) | Command::Train(_))
     }

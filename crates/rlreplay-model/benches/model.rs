@@ -18,9 +18,9 @@
 //!   3072, 16/8 heads of 128) on 4 × 512 packed tokens, with a 1024-token vocabulary, in GFLOP/s
 //!   of useful work (`6 × tokens × weights` plus `12 × D` per causal query-key pair and head).
 //!
-//! `tiny`, `small` and `layer` keep freed memory committed as the training commands of the
-//! `rlreplay` binary do ([`rlreplay_model::keep_freed_memory_committed`]); the memory modes keep
-//! mimalloc's defaults.
+//! `tiny`, `small` and `layer` keep freed memory committed (`MIMALLOC_PURGE_DELAY=-1`, set by
+//! running again with it when the environment does not set it) as the training commands of the
+//! `rlreplay` binary do; the memory modes keep mimalloc's defaults.
 
 use candle_core::{DType, Device, Tensor};
 use rlreplay_model::{ops, Model, ModelConfig, SeqPair};
@@ -308,10 +308,16 @@ fn main() -> anyhow::Result<()> {
             .transpose()?
             .unwrap_or(default))
     };
-    if matches!(mode, "tiny" | "small" | "layer" | "dir") {
-        // As `rlreplay replay` and `train` do for their training steps (not for the memory modes).
-        // SAFETY: no other thread exists yet.
-        unsafe { rlreplay_model::keep_freed_memory_committed() };
+    if matches!(mode, "tiny" | "small" | "layer" | "dir")
+        && std::env::var_os("MIMALLOC_PURGE_DELAY").is_none()
+    {
+        // As `rlreplay replay` and `train` set for their training steps (not for the memory
+        // modes): freed memory stays committed. mimalloc reads it at start, so run again with it.
+        let status = std::process::Command::new(std::env::current_exe()?)
+            .args(std::env::args_os().skip(1))
+            .env("MIMALLOC_PURGE_DELAY", "-1")
+            .status()?;
+        std::process::exit(status.code().unwrap_or(1));
     }
     match mode {
         "tiny" => bench_model("tiny", ModelConfig::tiny(), iters(5)?),

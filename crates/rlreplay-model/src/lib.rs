@@ -107,33 +107,9 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
-/// mimalloc's `mi_option_purge_delay` (its value in the `mi_option_e` enum of mimalloc 3's
-/// `mimalloc.h`; the Rust bindings name no constant for it).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Tells mimalloc to keep the memory a process frees committed for reuse instead of returning it
-/// to the OS after its purge delay (1 s by default; `MIMALLOC_PURGE_DELAY=-1`), unless the
-/// environment sets `MIMALLOC_PURGE_DELAY` itself. A training step frees and allocates the same
-/// large activation and gradient buffers again and again; returned pages are page-faulted and
-/// zeroed by the kernel on their next use (on a Qwen3-0.6B-shaped layer's forward+backward, 440 K
-/// minor page faults and a sixth of the CPU time). The resident set then stays at its peak
-/// instead of shrinking between steps, and a job that streams through differently sized buffers
-/// (`rlreplay audit`) peaks higher, so only the training commands use it. It only changes
-/// mimalloc's settings: call it first thing in `main` of a binary whose global allocator is
-/// mimalloc.
-///
-/// # Safety
-///
-/// mimalloc's option setters are not thread-safe: call it before spawning any thread.
-pub unsafe fn keep_freed_memory_committed() {
-    // SAFETY: the caller guarantees that no other thread runs; `mi_option_set_default` only
-    // stores the value, and only when the option was not set from the environment.
-    unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, -1) };
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{on_pool, MI_OPTION_PURGE_DELAY};
+    use super::on_pool;
 
     #[test]
     fn on_pool_runs_on_a_worker_of_the_current_pool() {
@@ -149,15 +125,5 @@ mod tests {
         });
         assert_eq!(outer, inner);
         assert_eq!(pool.install(|| on_pool(rayon::current_num_threads)), 1);
-    }
-
-    #[test]
-    fn the_purge_delay_option_index_is_mimallocs() {
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-            return;
-        }
-        // SAFETY: reading an option only initialises it from the environment.
-        let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(delay, 1000, "mimalloc's default purge delay is 1000 ms");
     }
 }

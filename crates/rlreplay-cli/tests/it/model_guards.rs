@@ -150,3 +150,15 @@ fn nan_weights_are_warned_about() {
         "{err}"
     );
 }
+
+/// The index the binary gives mimalloc's purge-delay option (`main.rs` sets it for the training
+/// commands) is mimalloc's: its default is the documented 1000 ms.
+#[test]
+fn the_purge_delay_option_index_is_mimallocs() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: reading an option only initialises it from the environment.
+    let delay = unsafe { libmimalloc_sys::mi_option_get(15) };
+    assert_eq!(delay, 1000, "mimalloc's default purge delay is 1000 ms");
+}
