@@ -6,6 +6,9 @@
 //! `x` may be `[T, heads, D]` (read as `[T, heads·D]`) and the output may be split into heads,
 //! so the layer needs no reshape nodes around its projections; [`LinearAdd`] adds a residual in
 //! the same gemm, so the layer needs no add node after its output projections.
+//!
+//! A frozen weight (one that does not track gradients, as the base weights under LoRA adapters)
+//! gets no gradient: the backward pass skips the `dW` gemm and hands the weight `None`.
 
 use super::cpu::{
     by_real_dtype, gemm, gemm_new, slice, storage, tensor, with_slices, MatRef, Real,
@@ -18,11 +21,16 @@ use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape,
 pub(crate) struct Linear {
     /// Heads to split the output into.
     pub heads: Option<usize>,
+    /// Whether the weight gets a gradient (`false` for a frozen weight: no `dW` gemm).
+    pub weight_grad: bool,
 }
 
 /// `x [T, in]` (or `[T, a, b]`), `W [out, in]`, `r [T, out]` → `r + x · Wᵀ`: the gemm accumulates
 /// into a copy of `r`, and the backward pass hands `r` the output gradient.
-pub(crate) struct LinearAdd;
+pub(crate) struct LinearAdd {
+    /// Whether the weight gets a gradient (`false` for a frozen weight: no `dW` gemm).
+    pub weight_grad: bool,
+}
 
 /// `a · bᵀ` for row-major `a [m, k]` and `b [n, k]`.
 pub(super) fn a_bt<T: Real>(a: &[T], b: &[T], k: usize) -> Result<Vec<T>> {
@@ -45,8 +53,15 @@ fn dims(op: &str, x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
     Ok((t, inp, out))
 }
 
-/// `(dy · W, dyᵀ · x)` for `x [T, in]`, `W [out, in]`, `dy [T, out]`.
-fn bwd_t<T: Real>(x: &[T], w: &[T], dy: &[T], inp: usize) -> Result<(Vec<T>, Vec<T>)> {
+/// `(dy · W, dyᵀ · x)` for `x [T, in]`, `W [out, in]`, `dy [T, out]`; without `weight_grad`
+/// only `dy · W`.
+fn bwd_t<T: Real>(
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    inp: usize,
+    weight_grad: bool,
+) -> Result<(Vec<T>, Option<Vec<T>>)> {
     let t = x.len() / inp.max(1);
     let out = w.len() / inp.max(1);
     let (xm, wm) = (
@@ -54,23 +69,40 @@ fn bwd_t<T: Real>(x: &[T], w: &[T], dy: &[T], inp: usize) -> Result<(Vec<T>, Vec
         MatRef::rows(w, 0, out, inp, inp),
     );
     let dym = MatRef::rows(dy, 0, t, out, out);
+    if !weight_grad {
+        return Ok((gemm_new(dym, wm, T::one(), true)?, None));
+    }
     // Independent products: side by side (see `mlp::bwd_t`).
     let (dx, dw) = rayon::join(
         || gemm_new(dym, wm, T::one(), true),
         || gemm_new(dym.t(), xm, T::one(), true),
     );
-    Ok((dx?, dw?))
+    Ok((dx?, Some(dw?)))
 }
 
-/// The gradients `(dx, dW)` of `x · Wᵀ` for the output gradient `grad`, in the shapes of `x`, `W`.
-fn grads(op: &str, x: &Tensor, w: &Tensor, grad: &Tensor) -> Result<(Tensor, Tensor)> {
-    fn run<T: Real>(op: &str, [x, w, g]: [&Tensor; 3]) -> Result<(Tensor, Tensor)> {
+/// The gradients `(dx, dW)` of `x · Wᵀ` for the output gradient `grad`, in the shapes of `x`, `W`;
+/// `dW` only with `weight_grad`.
+fn grads(
+    op: &str,
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    weight_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    fn run<T: Real>(
+        op: &str,
+        [x, w, g]: [&Tensor; 3],
+        weight_grad: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let inp = w.dims()[1];
-        let (dx, dw) = with_slices::<T, _>(op, &[x, w, g], |s| bwd_t(s[0], s[1], s[2], inp))?;
-        Ok((tensor(dx, x.shape())?, tensor(dw, w.shape())?))
+        let (dx, dw) = with_slices::<T, _>(op, &[x, w, g], |s| {
+            bwd_t(s[0], s[1], s[2], inp, weight_grad)
+        })?;
+        let dw = dw.map(|dw| tensor(dw, w.shape())).transpose()?;
+        Ok((tensor(dx, x.shape())?, dw))
     }
     let args = [x, w, grad];
-    by_real_dtype!(op, x.dtype(), run(op, args))
+    by_real_dtype!(op, x.dtype(), run(op, args, weight_grad))
 }
 
 impl CustomOp2 for Linear {
@@ -105,8 +137,8 @@ impl CustomOp2 for Linear {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw) = grads(self.name(), x, w, grad)?;
-        Ok((Some(dx), Some(dw)))
+        let (dx, dw) = grads(self.name(), x, w, grad, self.weight_grad)?;
+        Ok((Some(dx), dw))
     }
 }
 
@@ -156,7 +188,7 @@ impl CustomOp3 for LinearAdd {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw) = grads(self.name(), x, w, grad)?;
-        Ok((Some(dx), Some(dw), Some(grad.clone())))
+        let (dx, dw) = grads(self.name(), x, w, grad, self.weight_grad)?;
+        Ok((Some(dx), dw, Some(grad.clone())))
     }
 }

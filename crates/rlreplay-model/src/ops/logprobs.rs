@@ -47,6 +47,8 @@ pub(crate) struct TokenLogProbs {
     pub tile: (usize, usize),
     /// The gradients computed in the forward pass, when the upstream gradient is given.
     pub fused: Option<FusedGrad>,
+    /// Whether the lm_head gets a gradient (`false` for a frozen one: no `dW` gemms).
+    pub weight_grad: bool,
 }
 
 /// The gradient of `Σ g_t · logp_t` computed during the forward pass.
@@ -57,7 +59,7 @@ pub(crate) struct FusedGrad {
     /// tests.
     chunk: (usize, usize),
     /// `(d hidden, d lm_head)`, written by the forward pass and taken by the backward pass.
-    grads: Mutex<Option<(Tensor, Tensor)>>,
+    grads: Mutex<Option<(Tensor, Option<Tensor>)>>,
 }
 
 impl TokenLogProbs {
@@ -69,6 +71,7 @@ impl TokenLogProbs {
             entropy,
             tile: (TILE_ROWS, TILE_ELEMS),
             fused: None,
+            weight_grad: true,
         }
     }
 
@@ -194,7 +197,7 @@ impl TokenLogProbs {
     /// The forward pass with the gradients of `Σ g_t · logp_t` (`g_t = grad[t]`): per chunk of
     /// rows, the `[rows, V]` logits tile by tile (the same tiles and online logsumexp as
     /// [`Self::fwd`], so the outputs are the same), then their gradient in place, `dh = dz · W`
-    /// and `dW += dzᵀ · h`. Returns `(out, dh, dW)`.
+    /// and `dW += dzᵀ · h` (without `weight_grad`, an empty `dW`). Returns `(out, dh, dW)`.
     fn fwd_fused<T: Real>(
         &self,
         hid: &[T],
@@ -211,7 +214,7 @@ impl TokenLogProbs {
         let mut z = vec![T::zero(); chunk * vocab];
         let mut out = vec![T::zero(); n * COLS];
         let mut dh = vec![T::zero(); hid.len()];
-        let mut dw = vec![T::zero(); w.len()];
+        let mut dw = vec![T::zero(); if self.weight_grad { w.len() } else { 0 }];
         let wall = MatRef::rows(w, 0, vocab, h, h);
         let mut first = true;
         for r0 in (0..n).step_by(chunk) {
@@ -245,13 +248,16 @@ impl TokenLogProbs {
                 });
             let dzm = MatRef::rows(z, 0, rows, vocab, vocab);
             gemm(&mut dh, r0 * h, h, false, dzm, wall, T::one(), true)?;
-            gemm(&mut dw, 0, h, !first, dzm.t(), hm, T::one(), true)?;
+            if self.weight_grad {
+                gemm(&mut dw, 0, h, !first, dzm.t(), hm, T::one(), true)?;
+            }
             first = false;
         }
         Ok((out, dh, dw))
     }
 
-    /// Gradients of the hidden states and of the lm_head given `res` and `grad` (`[N, 3]`).
+    /// Gradients of the hidden states and of the lm_head given `res` and `grad` (`[N, 3]`);
+    /// without `weight_grad` an empty lm_head gradient.
     fn bwd_t<T: Real>(
         &self,
         hid: &[T],
@@ -265,7 +271,7 @@ impl TokenLogProbs {
         let (tr, tv) = self.tile(n, vocab);
         let inv_t: T = c(1.0 / self.temperature);
         let mut dh = vec![T::zero(); hid.len()];
-        let mut dw = vec![T::zero(); w.len()];
+        let mut dw = vec![T::zero(); if self.weight_grad { w.len() } else { 0 }];
         let mut dz = vec![T::zero(); tr * tv];
         for r0 in (0..n).step_by(tr) {
             let rows = tr.min(n - r0);
@@ -310,7 +316,9 @@ impl TokenLogProbs {
                     });
                 let dzm = MatRef::rows(&dz, 0, rows, cols, cols);
                 gemm(&mut dh, r0 * h, h, true, dzm, wm, T::one(), true)?;
-                gemm(&mut dw, v0 * h, h, true, dzm.t(), hm, T::one(), true)?;
+                if self.weight_grad {
+                    gemm(&mut dw, v0 * h, h, true, dzm.t(), hm, T::one(), true)?;
+                }
             }
         }
         Ok((dh, dw))
@@ -342,7 +350,11 @@ impl CustomOp2 for TokenLogProbs {
                 return Ok(storage(op.fwd(hid, w, h)?, shape));
             };
             let (out, dh, dw) = op.fwd_fused(hid, w, h, fused)?;
-            let grads = (tensor(dh, l1.shape())?, tensor(dw, l2.shape())?);
+            let dw = match op.weight_grad {
+                true => Some(tensor(dw, l2.shape())?),
+                false => None,
+            };
+            let grads = (tensor(dh, l1.shape())?, dw);
             *fused
                 .grads
                 .lock()
@@ -362,7 +374,7 @@ impl CustomOp2 for TokenLogProbs {
         fn run<T: Real>(
             op: &TokenLogProbs,
             [hid, w, res, g]: [&Tensor; 4],
-        ) -> Result<(Tensor, Tensor)> {
+        ) -> Result<(Tensor, Option<Tensor>)> {
             if let Some(grads) = op.fused_grads::<T>(g)? {
                 return Ok(grads);
             }
@@ -370,11 +382,15 @@ impl CustomOp2 for TokenLogProbs {
             let (dh, dw) = with_slices::<T, _>(op.name(), &[hid, w, res, g], |s| {
                 op.bwd_t(s[0], s[1], s[2], s[3], h)
             })?;
-            Ok((tensor(dh, hid.shape())?, tensor(dw, w.shape())?))
+            let dw = match op.weight_grad {
+                true => Some(tensor(dw, w.shape())?),
+                false => None,
+            };
+            Ok((tensor(dh, hid.shape())?, dw))
         }
         let args = [hidden, lm_head, res, grad];
         let (dh, dw) = by_real_dtype!(self.name(), hidden.dtype(), run(self, args))?;
-        Ok((Some(dh), Some(dw)))
+        Ok((Some(dh), dw))
     }
 }
 
@@ -382,7 +398,7 @@ impl TokenLogProbs {
     /// The gradients the fused forward pass computed, when the upstream gradient `grad`
     /// (`[N, 3]`) is exactly the `g` they were computed for (zero in the entropy and logsumexp
     /// columns); `None` otherwise, or when they were already handed on.
-    fn fused_grads<T: Real>(&self, grad: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    fn fused_grads<T: Real>(&self, grad: &Tensor) -> Result<Option<(Tensor, Option<Tensor>)>> {
         let Some(fused) = &self.fused else {
             return Ok(None);
         };

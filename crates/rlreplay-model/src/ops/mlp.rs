@@ -15,18 +15,33 @@ use std::sync::Mutex;
 
 /// `x [T, H]`, `W_gate [I, H]`, `W_up [I, H]` → `silu(x · W_gateᵀ) · (x · W_upᵀ)` `[T, I]`; the
 /// forward pass keeps both projections for the backward pass.
-#[derive(Default)]
 pub(crate) struct GatedUp {
     /// `(x · W_gateᵀ, x · W_upᵀ)`, written by the forward pass.
     saved: Mutex<Option<(CpuStorage, CpuStorage)>>,
+    /// Whether the weights get gradients (`false` for frozen ones: only the `dx` gemms run).
+    weight_grad: bool,
 }
 
+impl GatedUp {
+    /// The op; without `weight_grad` its backward pass computes no weight gradients.
+    pub(crate) fn new(weight_grad: bool) -> Self {
+        Self {
+            saved: Mutex::new(None),
+            weight_grad,
+        }
+    }
+}
+
+/// The gradients `dW_gate`, `dW_up` of the MLP's weights.
+type WeightGrads<T> = Option<(Vec<T>, Vec<T>)>;
+
 /// `(dx, dW_gate, dW_up)` for `x [T, H]`, the weights `[I, H]`, the saved projections and the
-/// output gradient `[T, I]`.
+/// output gradient `[T, I]`; the weight gradients only with `weight_grad`.
 fn bwd_t<T: Real>(
     [x, wg, wu, gate, up, g]: [&[T]; 6],
     h: usize,
-) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    weight_grad: bool,
+) -> Result<(Vec<T>, WeightGrads<T>)> {
     let t = x.len() / h.max(1);
     let i = wg.len() / h.max(1);
     let (dgate, dup) = swiglu::bwd(gate, up, g);
@@ -36,22 +51,23 @@ fn bwd_t<T: Real>(
         MatRef::rows(&dgate, 0, t, i, i),
         MatRef::rows(&dup, 0, t, i, i),
     );
+    let dx = || {
+        let mut dx = gemm_new(dgm, wgm, T::one(), true)?;
+        gemm(&mut dx, 0, h, true, dum, wum, T::one(), true)?;
+        Ok::<_, candle_core::Error>(dx)
+    };
+    if !weight_grad {
+        return Ok((dx()?, None));
+    }
     // The three products are independent: run side by side, each small gemm keeps a thread busy
     // without waiting on the others' synchronisation.
-    let (dx, (dwg, dwu)) = rayon::join(
-        || {
-            let mut dx = gemm_new(dgm, wgm, T::one(), true)?;
-            gemm(&mut dx, 0, h, true, dum, wum, T::one(), true)?;
-            Ok::<_, candle_core::Error>(dx)
-        },
-        || {
-            rayon::join(
-                || gemm_new(dgm.t(), xm, T::one(), true),
-                || gemm_new(dum.t(), xm, T::one(), true),
-            )
-        },
-    );
-    Ok((dx?, dwg?, dwu?))
+    let (dx, (dwg, dwu)) = rayon::join(dx, || {
+        rayon::join(
+            || gemm_new(dgm.t(), xm, T::one(), true),
+            || gemm_new(dum.t(), xm, T::one(), true),
+        )
+    });
+    Ok((dx?, Some((dwg?, dwu?))))
 }
 
 impl CustomOp3 for GatedUp {
@@ -106,7 +122,10 @@ impl CustomOp3 for GatedUp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        fn run<T: Real>(op: &GatedUp, [x, wg, wu, g]: [&Tensor; 4]) -> Result<[Tensor; 3]> {
+        fn run<T: Real>(
+            op: &GatedUp,
+            [x, wg, wu, g]: [&Tensor; 4],
+        ) -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
             let n = op.name();
             let guard = op
                 .saved
@@ -117,17 +136,18 @@ impl CustomOp3 for GatedUp {
             };
             let (gate, up) = (T::cpu_storage_as_slice(gate)?, T::cpu_storage_as_slice(up)?);
             let h = x.dims()[1];
-            let (dx, dwg, dwu) = with_slices::<T, _>(n, &[x, wg, wu, g], |s| {
-                bwd_t([s[0], s[1], s[2], gate, up, s[3]], h)
+            let (dx, dw) = with_slices::<T, _>(n, &[x, wg, wu, g], |s| {
+                bwd_t([s[0], s[1], s[2], gate, up, s[3]], h, op.weight_grad)
             })?;
-            Ok([
-                tensor(dx, x.shape())?,
-                tensor(dwg, wg.shape())?,
-                tensor(dwu, wu.shape())?,
-            ])
+            let dw = match dw {
+                Some((dwg, dwu)) => Some((tensor(dwg, wg.shape())?, tensor(dwu, wu.shape())?)),
+                None => None,
+            };
+            Ok((tensor(dx, x.shape())?, dw))
         }
         let args = [x, wg, wu, grad];
-        let [dx, dwg, dwu] = by_real_dtype!(self.name(), x.dtype(), run(self, args))?;
-        Ok((Some(dx), Some(dwg), Some(dwu)))
+        let (dx, dw) = by_real_dtype!(self.name(), x.dtype(), run(self, args))?;
+        let (dwg, dwu) = dw.unzip();
+        Ok((Some(dx), dwg, dwu))
     }
 }

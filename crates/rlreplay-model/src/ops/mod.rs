@@ -176,7 +176,13 @@ fn project(x: &Tensor, weight: &Tensor, heads: Option<usize>) -> Result<Tensor> 
     if x.rank() >= 2 && weight.rank() == 2 && kernel_applies(&[x, weight]) {
         return x
             .contiguous()?
-            .apply_op2(&weight.contiguous()?, linear::Linear { heads });
+            .apply_op2(
+                &weight.contiguous()?,
+                linear::Linear {
+                    heads,
+                    weight_grad: weight.track_op(),
+                },
+            );
     }
     let y = x.flatten_from(1)?.matmul(&weight.t()?)?;
     match heads {
@@ -199,7 +205,9 @@ pub fn linear_add(x: &Tensor, weight: &Tensor, residual: &Tensor) -> Result<Tens
         x.contiguous()?.apply_op3(
             &weight.contiguous()?,
             &residual.contiguous()?,
-            linear::LinearAdd,
+            linear::LinearAdd {
+                weight_grad: weight.track_op(),
+            },
         )
     } else {
         residual + linear(x, weight)?
@@ -218,7 +226,7 @@ pub fn gated_up(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
         x.contiguous()?.apply_op3(
             &w_gate.contiguous()?,
             &w_up.contiguous()?,
-            mlp::GatedUp::default(),
+            mlp::GatedUp::new(w_gate.track_op() || w_up.track_op()),
         )
     } else {
         swiglu(&linear(x, w_gate)?, &linear(x, w_up)?)
@@ -366,7 +374,10 @@ pub fn token_logprobs(
         return head_columns(&out, want_entropy);
     }
     if kernel_applies(&[hidden, lm_head]) {
-        let op = logprobs::TokenLogProbs::new(targets.to_vec(), temperature, want_entropy);
+        let op = logprobs::TokenLogProbs {
+            weight_grad: lm_head.track_op(),
+            ..logprobs::TokenLogProbs::new(targets.to_vec(), temperature, want_entropy)
+        };
         let out = hidden.contiguous()?.apply_op2(&lm_head.contiguous()?, op)?;
         return head_columns(&out, want_entropy);
     }
@@ -403,7 +414,10 @@ pub fn token_logprobs_for_grad(
     if n == 0 || blockwise_applies(hidden) || !kernel_applies(&[hidden, lm_head]) {
         return Ok(token_logprobs(hidden, lm_head, targets, temperature, false)?.0);
     }
-    let op = logprobs::TokenLogProbs::with_grad(targets.to_vec(), temperature, grad.to_vec());
+    let op = logprobs::TokenLogProbs {
+        weight_grad: lm_head.track_op(),
+        ..logprobs::TokenLogProbs::with_grad(targets.to_vec(), temperature, grad.to_vec())
+    };
     let out = hidden.contiguous()?.apply_op2(&lm_head.contiguous()?, op)?;
     Ok(head_columns(&out, false)?.0)
 }
