@@ -215,8 +215,19 @@ impl Model {
     /// Saves the model in the Hugging Face layout: `config.json`, `generation_config.json`,
     /// `model.safetensors` (or shards and an index) and the tokenizer files of the source
     /// directory. The checkpoint is written into a temporary sibling directory, synced, then
-    /// renamed onto `dir` (replacing a previous checkpoint there).
+    /// renamed onto `dir` (replacing a previous checkpoint there). Refused for a model with LoRA
+    /// adapters: save those with [`Model::save_adapter`], or merge them first
+    /// ([`Model::merge_lora`]).
     pub fn save_hf_with(&self, dir: impl AsRef<Path>, opts: &SaveOptions) -> Result<()> {
+        if let Some(lora) = self.lora_config() {
+            return Err(Error::Checkpoint(format!(
+                "{}: the model carries LoRA adapters (r = {}): save them with \
+                 Model::save_adapter, or merge them into the weights (Model::merge_lora) to save \
+                 the full model",
+                dir.as_ref().display(),
+                lora.r
+            )));
+        }
         let store = opts.dtype.unwrap_or(self.master_dtype());
         write_dir_atomically(dir.as_ref(), true, |tmp| {
             self.write_into(tmp, store, opts.max_shard_bytes)

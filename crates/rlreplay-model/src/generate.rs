@@ -1,6 +1,8 @@
 //! Inference-only decoding with a per-sequence KV cache, for sampling.
 //!
-//! [`Decoder`] snapshots a [`Model`]'s weights in the compute dtype. Sequences are ragged: every
+//! [`Decoder`] snapshots a [`Model`]'s weights in the compute dtype, with any LoRA adapters merged
+//! into the weights they target (`W + (alpha/r)·B·A`), so both decoders generate with the
+//! adapters at the cost of none. Sequences are ragged: every
 //! call takes any number of new tokens per sequence (a whole prompt to prefill, or one sampled
 //! token), packs them into one set of matrix products (one `[T, H] · Wᵀ` per projection and layer
 //! for all sequences), and attends per sequence against that sequence's own cache. It returns the
@@ -227,7 +229,7 @@ impl Decoder {
         // A copy, so that optimizer steps (which write the master weights in place) leave it be.
         let snapshot = |t: Tensor| -> Result<Tensor> { Ok(t.copy()?) };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|l| model.layer_weights(l, false)?.map(|t| snapshot(t.clone())))
+            .map(|l| model.merged_layer_weights(l)?.map(|t| snapshot(t.clone())))
             .collect::<Result<Vec<_>>>()?;
         let embed = snapshot(model.embed_weight()?)?;
         let lm_head = if cfg.tie_word_embeddings {
@@ -556,7 +558,7 @@ impl Decoder {
                 .tables(packed.positions.iter().copied(), self.dtype, &self.device)?;
         let ctx = LayerCtx::new(cfg, &tables);
         for (l, layer) in w.layers.iter().enumerate() {
-            x = layer.forward(&x, &ctx, |q, k, v| {
+            x = layer.forward(&x, &ctx, None, |q, k, v| {
                 self.cached_attention(l, caches, offsets, q, k, v)
             })?;
         }

@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use crate::lora::{LayerLora, LoraTarget};
 use crate::model::Param;
 use crate::ops;
 use crate::{ModelConfig, Result};
@@ -81,24 +82,41 @@ impl<W> Linear<W> {
 }
 
 impl Linear<Tensor> {
-    /// `x·Wᵀ (+ b)` for `x: [T, in]`, split into `heads`: `[T, heads, out / heads]`.
-    fn forward_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
-        Ok(match &self.bias {
-            Some(b) => {
-                let y = ops::linear(x, &self.weight)?.broadcast_add(b)?;
-                let (t, out) = y.dims2()?;
-                y.reshape((t, heads, out / heads))?
-            }
-            None => ops::linear_heads(x, &self.weight, heads)?,
-        })
+    /// `x·Wᵀ (+ b)` (plus the adapter of `target`, if any) for `x: [T, in]`, split into
+    /// `heads`: `[T, heads, out / heads]`.
+    fn forward_heads(
+        &self,
+        x: &Tensor,
+        heads: usize,
+        lora: Option<&LayerLora<'_>>,
+        target: LoraTarget,
+    ) -> Result<Tensor> {
+        if self.bias.is_none() && !LayerLora::has(lora, target) {
+            return Ok(ops::linear_heads(x, &self.weight, heads)?);
+        }
+        let mut y = ops::linear(x, &self.weight)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        let y = LayerLora::add(lora, target, x, y)?;
+        let (t, out) = y.dims2()?;
+        Ok(y.reshape((t, heads, out / heads))?)
     }
 
-    /// `r + x·Wᵀ (+ b)` for `x: [T, in]` (or `[T, heads, D]`) and the residual `r: [T, out]`.
-    fn forward_add(&self, x: &Tensor, r: &Tensor) -> Result<Tensor> {
-        Ok(match &self.bias {
+    /// `r + x·Wᵀ (+ b)` (plus the adapter of `target`, if any) for `x: [T, in]` (or
+    /// `[T, heads, D]`) and the residual `r: [T, out]`.
+    fn forward_add(
+        &self,
+        x: &Tensor,
+        r: &Tensor,
+        lora: Option<&LayerLora<'_>>,
+        target: LoraTarget,
+    ) -> Result<Tensor> {
+        let y = match &self.bias {
             Some(b) => (r + ops::linear(x, &self.weight)?.broadcast_add(b)?)?,
             None => ops::linear_add(x, &self.weight, r)?,
-        })
+        };
+        LayerLora::add(lora, target, x, y)
     }
 }
 
@@ -217,11 +235,13 @@ impl<'a> LayerCtx<'a> {
 impl DecoderLayer<Tensor> {
     /// The layer applied to the packed hidden states `x: [T, H]`. `attend(q, k, v)` gets the
     /// normalised, rotated queries `[T, Hq, D]`, keys and values `[T, Hkv, D]` of the new tokens
-    /// and returns the attention output `[T, Hq, D]` (causal over whatever past it keeps).
+    /// and returns the attention output `[T, Hq, D]` (causal over whatever past it keeps). `lora`:
+    /// the layer's LoRA adapters, added to the outputs of the projections they target.
     pub(crate) fn forward(
         &self,
         x: &Tensor,
         ctx: &LayerCtx<'_>,
+        lora: Option<&LayerLora<'_>>,
         attend: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let (hq, hkv, _) = ctx.heads;
@@ -233,16 +253,24 @@ impl DecoderLayer<Tensor> {
             })
         };
         let h = ops::rms_norm(x, &self.input_layernorm, ctx.eps)?;
-        let q = a.q_proj.forward_heads(&h, hq)?;
-        let k = a.k_proj.forward_heads(&h, hkv)?;
-        let v = a.v_proj.forward_heads(&h, hkv)?;
+        let q = a.q_proj.forward_heads(&h, hq, lora, LoraTarget::QProj)?;
+        let k = a.k_proj.forward_heads(&h, hkv, lora, LoraTarget::KProj)?;
+        let v = a.v_proj.forward_heads(&h, hkv, lora, LoraTarget::VProj)?;
         let q = norm_rope(q, &a.q_norm)?;
         let k = norm_rope(k, &a.k_norm)?;
         let o = attend(&q, &k, &v)?;
-        let x = a.o_proj.forward_add(&o, x)?;
+        let x = a.o_proj.forward_add(&o, x, lora, LoraTarget::OProj)?;
         let h = ops::rms_norm(&x, &self.post_attention_layernorm, ctx.eps)?;
-        let m = ops::gated_up(&h, &self.mlp.gate_proj, &self.mlp.up_proj)?;
-        Ok(ops::linear_add(&m, &self.mlp.down_proj, &x)?)
+        let (gate, up) = (LoraTarget::GateProj, LoraTarget::UpProj);
+        let m = if LayerLora::has(lora, gate) || LayerLora::has(lora, up) {
+            let g = LayerLora::add(lora, gate, &h, ops::linear(&h, &self.mlp.gate_proj)?)?;
+            let u = LayerLora::add(lora, up, &h, ops::linear(&h, &self.mlp.up_proj)?)?;
+            ops::swiglu(&g, &u)?
+        } else {
+            ops::gated_up(&h, &self.mlp.gate_proj, &self.mlp.up_proj)?
+        };
+        let y = ops::linear_add(&m, &self.mlp.down_proj, &x)?;
+        LayerLora::add(lora, LoraTarget::DownProj, &m, y)
     }
 }
 

@@ -12,6 +12,9 @@
 //! - [`layer`]: the decoder layer (named weights, one definition of its math); [`qwen3`],
 //!   [`qwen2`] and [`llama`]: what each architecture adds. [`RopeScaling`]: Llama 3.1's rotary
 //!   frequency scaling.
+//! - [`lora`]: LoRA adapters ([`LoraConfig`], [`Model::add_lora`], [`Model::load_adapter`],
+//!   [`Model::save_adapter`] in PEFT's layout, [`Model::merge_lora`]); with adapters on, only
+//!   they are trainable.
 //! - [`generate::Decoder`]: the KV-cache decoder sampling runs on.
 //! - [`ModelConfig`]: the configuration, read from a Hugging Face `config.json`.
 //! - [`parse_device`]: `cpu`, `cuda` or `cuda:N` (CUDA with the `cuda` feature); [`memory_peak`]
@@ -34,6 +37,7 @@ pub mod gguf;
 pub mod golden;
 pub mod layer;
 pub mod llama;
+pub mod lora;
 mod memory;
 mod mixed;
 mod model;
@@ -49,6 +53,7 @@ pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use device::{memory_peak, parse_device, reset_memory_peak};
 pub use memory::{available_memory, MemoryEstimate, Workload};
 pub use mixed::mixed_logprobs;
+pub use lora::{LoraConfig, LoraTarget};
 pub use model::{HeldWeights, Model, Param, TokenLogProbs};
 pub use optim::{AdamW, AdamWConfig, LrSchedule, StepReport};
 pub use pack::{micro_batches, SeqPair};

@@ -11,6 +11,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
 use crate::layer::{DecoderLayer, LayerCtx, Rotary, VarBuilder, WeightSource};
+use crate::lora::{self, LayerAdapters, LayerLora, LoraConfig};
 use crate::ops;
 use crate::pack::{Packed, SeqPair};
 use crate::{Error, MemoryEstimate, ModelConfig, Result, Workload};
@@ -18,7 +19,8 @@ use crate::{Error, MemoryEstimate, ModelConfig, Result, Workload};
 /// Standard deviation of the random initialisation of matrices (Hugging Face `initializer_range`).
 const INIT_STD: f64 = 0.02;
 
-/// One named trainable parameter; the name is the Hugging Face tensor name.
+/// One named parameter; the name is the Hugging Face tensor name (for a LoRA adapter,
+/// transformers' module path with `lora_A` / `lora_B`, PEFT's key without its prefix).
 #[derive(Debug, Clone)]
 pub struct Param {
     /// Hugging Face tensor name, e.g. `model.layers.0.mlp.up_proj.weight`.
@@ -57,8 +59,13 @@ pub struct Model {
     /// The output matrix; `None` when tied to `embed_tokens`.
     lm_head: Option<Var>,
     rotary: Rotary,
+    /// The trainable parameters: every weight, or only the adapters when LoRA is on.
     params: Vec<Param>,
-    /// Index into `params` of every weight.
+    /// The frozen base weights when LoRA is on (empty otherwise), in Hugging Face order.
+    frozen: Vec<Param>,
+    /// The LoRA configuration and every layer's adapters, when on.
+    lora: Option<(LoraConfig, Vec<LayerAdapters<Var>>)>,
+    /// Index into `params` of every trainable weight.
     index: HashMap<TensorId, usize>,
     grads: Vec<Option<Tensor>>,
     /// The exact sums behind `grads` once a second micro-batch was added: the micro-batches'
@@ -138,6 +145,8 @@ impl Model {
             grads: vec![None; params.len()],
             sums: vec![None; params.len()],
             params,
+            frozen: Vec::new(),
+            lora: None,
             index,
             compute_dtype,
             device: device.clone(),
@@ -299,6 +308,12 @@ impl Model {
             .iter()
             .map(|l| l.map(|v| Ok(swap(v))))
             .collect::<Result<_>>()?;
+        if let Some((_, adapters)) = &mut self.lora {
+            *adapters = adapters
+                .iter()
+                .map(|l| l.map(|v| Ok(swap(v))))
+                .collect::<Result<_>>()?;
+        }
         self.index.remove(&old);
         self.index.insert(new.as_tensor().id(), i);
         self.params[i].var = new;
@@ -363,7 +378,7 @@ impl Model {
     /// The bytes of master weights and of replicas this model holds.
     pub fn held_weights(&self) -> HeldWeights {
         let mut held = HeldWeights::default();
-        for p in &self.params {
+        for p in self.params.iter().chain(&self.frozen) {
             let bytes = (p.var.elem_count() * p.var.dtype().size_in_bytes()) as u64;
             if self.is_replica(&p.var) {
                 held.replicas += bytes;
@@ -391,6 +406,113 @@ impl Model {
     /// The decoder layers' master weights, by name.
     pub fn layers(&self) -> &[DecoderLayer<Var>] {
         &self.layers
+    }
+
+    /// The LoRA configuration, when the model carries adapters.
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref().map(|(c, _)| c)
+    }
+
+    /// Every layer's LoRA adapters (master weights), when the model carries them.
+    pub fn lora_adapters(&self) -> Option<&[LayerAdapters<Var>]> {
+        self.lora.as_ref().map(|(_, a)| a.as_slice())
+    }
+
+    /// The frozen base weights under LoRA adapters, in Hugging Face order (empty without
+    /// adapters: every weight is then a trainable [`Model::params`] entry).
+    pub fn frozen_params(&self) -> &[Param] {
+        &self.frozen
+    }
+
+    /// Puts fresh LoRA adapters on the targeted projections of every layer, initialised as PEFT
+    /// does: `lora_A` kaiming-uniform (uniform in `±1/√in`, drawn deterministically from `seed`),
+    /// `lora_B` zero, so the model computes what it did. From then on [`Model::params`] (what
+    /// the optimizer updates) are only the adapters; the base weights are frozen
+    /// ([`Model::frozen_params`]) and the backward pass computes no gradient for them.
+    /// Accumulated gradients are cleared. Refused when the model already has adapters.
+    pub fn add_lora(&mut self, cfg: LoraConfig, seed: u64) -> Result<()> {
+        cfg.validate()?;
+        let model_cfg = self.cfg.clone();
+        let device = self.device.clone();
+        let mut index = 0usize;
+        let mut source = |name: &str, shape: [usize; 2]| -> Result<Tensor> {
+            let values = lora::init_values(seed, index, name, shape)?;
+            index += 1;
+            Ok(Tensor::from_vec(values, shape.to_vec(), &device)?)
+        };
+        let (layers, params) =
+            lora::build_adapters(&model_cfg, &cfg, self.master_dtype(), &mut source)?;
+        self.attach_lora(cfg, layers, params)
+    }
+
+    /// Makes `params` (the adapters `layers` of `cfg`) the trainable parameters and freezes the
+    /// base weights.
+    pub(crate) fn attach_lora(
+        &mut self,
+        cfg: LoraConfig,
+        layers: Vec<LayerAdapters<Var>>,
+        params: Vec<Param>,
+    ) -> Result<()> {
+        if let Some((c, _)) = &self.lora {
+            return Err(Error::Input(format!(
+                "the model already carries LoRA adapters (r = {}): merge them (Model::merge_lora) \
+                 before adding others",
+                c.r
+            )));
+        }
+        if layers.len() != self.layers.len() {
+            return Err(Error::Input(format!(
+                "{} layers of adapters for a model of {} layers",
+                layers.len(),
+                self.layers.len()
+            )));
+        }
+        self.frozen = std::mem::replace(&mut self.params, params);
+        self.lora = Some((cfg, layers));
+        self.reindex();
+        Ok(())
+    }
+
+    /// Folds the LoRA adapters into the base weights, `W + (alpha/r)·B·A` (computed in the master
+    /// dtype), and drops them: the model is a plain model again, every weight trainable (for
+    /// export with [`Model::save_hf`], which a model with adapters refuses). Accumulated
+    /// gradients are cleared. An error when the model has no adapters.
+    pub fn merge_lora(&mut self) -> Result<()> {
+        let (cfg, adapters) = self
+            .lora
+            .take()
+            .ok_or_else(|| Error::Input("the model has no LoRA adapters to merge".into()))?;
+        for (layer, adapters) in self.layers.iter().zip(&adapters) {
+            for (t, a) in adapters.iter() {
+                let w = t.weight(layer);
+                let merged = merged_weight(w.as_tensor(), &a.lora_a, &a.lora_b, cfg.scaling())?;
+                w.set(&merged.to_dtype(w.dtype())?)?;
+            }
+        }
+        self.params = std::mem::take(&mut self.frozen);
+        self.reindex();
+        Ok(())
+    }
+
+    /// Rebuilds the index of the trainable parameters and clears the gradients.
+    fn reindex(&mut self) {
+        self.index = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.var.as_tensor().id(), i))
+            .collect();
+        self.grads = vec![None; self.params.len()];
+        self.sums = vec![None; self.params.len()];
+        self.taps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Whether `var` is a trainable parameter (not a frozen base weight under adapters).
+    fn is_trainable(&self, var: &Var) -> bool {
+        self.index.contains_key(&var.as_tensor().id())
     }
 
     /// The accumulated gradient of each parameter (same order as [`Model::params`]); `None` before
@@ -642,7 +764,10 @@ impl Model {
             Ok(())
         };
         for var in vars.into_iter().filter(|v| !self.is_replica(v)) {
-            let i = self.index[&var.as_tensor().id()];
+            // A frozen weight gets no gradient.
+            let Some(&i) = self.index.get(&var.as_tensor().id()) else {
+                continue;
+            };
             let grad = store
                 .remove(var.as_tensor())
                 .ok_or_else(|| no_gradient(&self.params[i].name))?;
@@ -701,16 +826,18 @@ impl Model {
             let input = Var::from_tensor(&input)?;
             let y = self.layer_forward(l, input.as_tensor(), &ctx, packed, true)?;
             let mut store = (y * &grad_x)?.sum_all()?.backward()?;
-            self.collect_grads(&mut store, self.layers[l].weights(), out)?;
+            self.collect_grads(&mut store, self.layer_vars(l), out)?;
             grad_x = store
                 .remove(input.as_tensor())
                 .ok_or_else(|| missing(&format!("the input of layer {l}")))?;
         }
-        // Embedding lookup.
-        let mut store = (self.embed(packed, true)? * &grad_x)?
-            .sum_all()?
-            .backward()?;
-        self.collect_grads(&mut store, [&self.embed_tokens], out)?;
+        // Embedding lookup (frozen under adapters).
+        if self.is_trainable(&self.embed_tokens) {
+            let mut store = (self.embed(packed, true)? * &grad_x)?
+                .sum_all()?
+                .backward()?;
+            self.collect_grads(&mut store, [&self.embed_tokens], out)?;
+        }
         Ok(lp)
     }
 
@@ -718,8 +845,10 @@ impl Model {
         Packed::new(pairs, self.cfg.vocab_size, self.cfg.max_position_embeddings)
     }
 
-    /// A master weight (or a replica) in the compute dtype, tracked by autograd when `track`.
+    /// A master weight (or a replica) in the compute dtype, tracked by autograd when `track` and
+    /// the weight is trainable (a frozen base weight under adapters never is).
     fn weight(&self, var: &Var, track: bool) -> Result<Tensor> {
+        let track = track && self.is_trainable(var);
         if self.is_replica(var) {
             if !track {
                 return Ok(var.as_detached_tensor());
@@ -745,6 +874,45 @@ impl Model {
     /// The weights of layer `l` in the compute dtype (tracked when `track`).
     pub(crate) fn layer_weights(&self, l: usize, track: bool) -> Result<DecoderLayer<Tensor>> {
         self.layers[l].map(|v| self.weight(v, track))
+    }
+
+    /// The LoRA adapters of layer `l` in the compute dtype (tracked when `track`), with their
+    /// scaling.
+    fn layer_adapters(
+        &self,
+        l: usize,
+        track: bool,
+    ) -> Result<Option<(LayerAdapters<Tensor>, f64)>> {
+        self.lora
+            .as_ref()
+            .map(|(cfg, layers)| Ok((layers[l].map(|v| self.weight(v, track))?, cfg.scaling())))
+            .transpose()
+    }
+
+    /// The weights of layer `l` in the compute dtype without a graph, with the LoRA adapters
+    /// merged into the projections they target (`W + (alpha/r)·B·A` in the master dtype, then
+    /// cast): what the decoders generate with.
+    pub(crate) fn merged_layer_weights(&self, l: usize) -> Result<DecoderLayer<Tensor>> {
+        let Some((cfg, adapters)) = &self.lora else {
+            return self.layer_weights(l, false);
+        };
+        let mut out = self.layer_weights(l, false)?;
+        for (t, a) in adapters[l].iter() {
+            let w = t.weight(&self.layers[l]).as_detached_tensor();
+            let merged = merged_weight(&w, &a.lora_a, &a.lora_b, cfg.scaling())?;
+            *t.weight_mut(&mut out) = merged.to_dtype(self.compute_dtype)?;
+        }
+        Ok(out)
+    }
+
+    /// The trainable weights of layer `l`: its own and its adapters'.
+    fn layer_vars(&self, l: usize) -> Vec<&Var> {
+        let mut vars = self.layers[l].weights();
+        if let Some((_, adapters)) = &self.lora {
+            vars.extend(adapters[l].weights());
+        }
+        vars.retain(|v| self.is_trainable(v));
+        vars
     }
 
     /// The rotary embedding of the model.
@@ -780,7 +948,12 @@ impl Model {
         track: bool,
     ) -> Result<Tensor> {
         let scale = 1.0 / (self.cfg.head_dim as f64).sqrt();
-        self.layer_weights(l, track)?.forward(x, ctx, |q, k, v| {
+        let adapters = self.layer_adapters(l, track)?;
+        let lora = adapters.as_ref().map(|(adapters, scale)| LayerLora {
+            adapters,
+            scale: *scale,
+        });
+        self.layer_weights(l, track)?.forward(x, ctx, lora.as_ref(), |q, k, v| {
             Ok(ops::packed_causal_attention(
                 q,
                 k,
@@ -874,6 +1047,17 @@ impl Model {
             grad_logprobs,
         )?)
     }
+}
+
+/// `W + scale·B·A` in the dtype of `w` (the master dtype) for `W [out, in]`, `A [r, in]`,
+/// `B [out, r]`.
+fn merged_weight(w: &Tensor, a: &Var, b: &Var, scale: f64) -> Result<Tensor> {
+    let dt = w.dtype();
+    let (a, b) = (
+        a.as_detached_tensor().to_dtype(dt)?,
+        b.as_detached_tensor().to_dtype(dt)?,
+    );
+    Ok((w + (b.matmul(&a)? * scale)?)?)
 }
 
 /// The error of a weight that the backward pass did not reach.
