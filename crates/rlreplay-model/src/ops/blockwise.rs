@@ -35,10 +35,10 @@ fn stat_dtype(dtype: DType) -> DType {
 
 /// The forward result of an op computed beforehand with tensor ops, handed to candle by the
 /// custom op's forward so that the graph records the op and its backward.
-struct Precomputed(Mutex<Option<Tensor>>);
+pub(super) struct Precomputed(Mutex<Option<Tensor>>);
 
 impl Precomputed {
-    fn new(t: Tensor) -> Self {
+    pub(super) fn new(t: Tensor) -> Self {
         Self(Mutex::new(Some(t)))
     }
 
@@ -59,7 +59,7 @@ impl Precomputed {
         }
     }
 
-    fn cpu(&self, op: &str) -> Result<(CpuStorage, Shape)> {
+    pub(super) fn cpu(&self, op: &str) -> Result<(CpuStorage, Shape)> {
         let t = self.take(op)?;
         let (storage, layout) = t.storage_and_layout();
         match &*storage {
@@ -69,7 +69,7 @@ impl Precomputed {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda(&self, op: &str) -> Result<(candle_core::CudaStorage, Shape)> {
+    pub(super) fn cuda(&self, op: &str) -> Result<(candle_core::CudaStorage, Shape)> {
         let t = self.take(op)?;
         let (storage, layout) = t.storage_and_layout();
         match &*storage {
@@ -409,14 +409,16 @@ impl Head {
     }
 
     /// Gradients of the hidden states and the lm_head given the output `res` and its gradient
-    /// `grad` (`[N, 3]`); each chunk's logits are recomputed.
+    /// `grad` (`[N, 3]`); each chunk's logits are recomputed. Without `weight_grad` (a frozen
+    /// lm_head) the `dW` products are skipped and the lm_head gets `None`.
     fn backward(
         &self,
         hidden: &Tensor,
         w: &Tensor,
         res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
+        weight_grad: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let dtype = hidden.dtype();
         let sdt = stat_dtype(dtype);
         let n = hidden.dim(0)?;
@@ -441,15 +443,19 @@ impl Head {
             dz.scatter_add_set(&self.chunk_targets(r0, len)?, &gl.affine(inv_t, 0.0)?, 1)?;
             let dz = dz.to_dtype(dtype)?;
             dh.push(dz.matmul(w)?);
+            if !weight_grad {
+                continue;
+            }
             let part = dz.t()?.matmul(&hidden.narrow(0, r0, len)?)?.to_dtype(sdt)?;
             dw = Some(match dw {
                 Some(acc) => (acc + part)?,
                 None => part,
             });
         }
-        let dw = match dw {
-            Some(dw) => dw.to_dtype(w.dtype())?,
-            None => w.zeros_like()?,
+        let dw = match (dw, weight_grad) {
+            (Some(dw), _) => Some(dw.to_dtype(w.dtype())?),
+            (None, true) => Some(w.zeros_like()?),
+            (None, false) => None,
         };
         Ok((Tensor::cat(&dh, 0)?, dw))
     }
@@ -494,8 +500,11 @@ impl CustomOp2 for HeadNode {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dh, dw) = self.head.backward(hidden, lm_head, res, grad)?;
-        Ok((Some(dh), Some(dw)))
+        let weight_grad = lm_head.track_op();
+        let (dh, dw) = self
+            .head
+            .backward(hidden, lm_head, res, grad, weight_grad)?;
+        Ok((Some(dh), dw))
     }
 }
 

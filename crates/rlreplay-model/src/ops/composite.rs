@@ -88,7 +88,8 @@ pub fn packed_causal_attention(
 }
 
 /// Per-token `log softmax(hidden · lm_headᵀ / τ)[target]` and optionally the entropy, computed in
-/// chunks of `chunk` tokens (each chunk's logits stay alive in the autograd graph).
+/// chunks of `chunk` tokens (each chunk's logits stay alive in the autograd graph). A frozen
+/// `lm_head` (one that does not track gradients) gets no `dW` product in the backward pass.
 pub fn token_logprobs(
     hidden: &Tensor,
     lm_head: &Tensor,
@@ -105,10 +106,7 @@ pub fn token_logprobs(
     let mut start = 0;
     while start < n {
         let len = chunk.max(1).min(n - start);
-        let logits = hidden
-            .narrow(0, start, len)?
-            .matmul(&lm_head.t()?)?
-            .to_dtype(cdtype)?;
+        let logits = super::matmul_t(&hidden.narrow(0, start, len)?, lm_head)?.to_dtype(cdtype)?;
         let logits = (logits / temperature)?;
         let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let idx = Tensor::from_slice(&targets[start..start + len], (len, 1), hidden.device())?;

@@ -7,12 +7,16 @@
 //! [`blockwise_token_logprobs`]: no `[heads × L × L]` scores and no `[tokens × vocab]` logits kept
 //! for the backward pass, which recomputes them block by block); everything else there, and half
 //! precision on the CPU, runs the differentiable composite reference in [`composite`].
+//!
+//! A frozen weight (one that does not track gradients, as the base weights under LoRA adapters)
+//! gets no gradient on any path: the projections and the log-prob head skip their `dW` products.
 
 mod attention;
 mod blockwise;
 pub mod composite;
 mod cpu;
 pub(crate) mod decode;
+mod frozen;
 mod linear;
 mod logprobs;
 mod mlp;
@@ -162,7 +166,8 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 /// The projection `x · Wᵀ` for `x: [T, in]` (or `[T, a, b]`, read as `[T, a·b]`) and
 /// `weight: [out, in]`, `[T, out]`: on the CPU (f32, f64) one gemm forward and two backward,
-/// straight into `dx` and `dW`; elsewhere candle's matmul.
+/// straight into `dx` and `dW`; elsewhere candle's matmul. A frozen weight (one that does not
+/// track gradients) gets no `dW` product on either path.
 pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     project(x, weight, None)
 }
@@ -174,17 +179,15 @@ pub fn linear_heads(x: &Tensor, weight: &Tensor, heads: usize) -> Result<Tensor>
 
 fn project(x: &Tensor, weight: &Tensor, heads: Option<usize>) -> Result<Tensor> {
     if x.rank() >= 2 && weight.rank() == 2 && kernel_applies(&[x, weight]) {
-        return x
-            .contiguous()?
-            .apply_op2(
-                &weight.contiguous()?,
-                linear::Linear {
-                    heads,
-                    weight_grad: weight.track_op(),
-                },
-            );
+        return x.contiguous()?.apply_op2(
+            &weight.contiguous()?,
+            linear::Linear {
+                heads,
+                weight_grad: weight.track_op(),
+            },
+        );
     }
-    let y = x.flatten_from(1)?.matmul(&weight.t()?)?;
+    let y = matmul_t(&x.flatten_from(1)?, weight)?;
     match heads {
         Some(h) => {
             let (t, out) = y.dims2()?;
@@ -194,6 +197,17 @@ fn project(x: &Tensor, weight: &Tensor, heads: Option<usize>) -> Result<Tensor> 
             y.reshape((t, h, out / h))
         }
         None => Ok(y),
+    }
+}
+
+/// `x · Wᵀ` for `x: [T, in]` and `w: [out, in]` through candle's matmul; for a frozen `w` (one
+/// that does not track gradients) under an `x` that does, through a node whose backward pass
+/// skips the `dW` product.
+pub(crate) fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if x.track_op() && !w.track_op() {
+        frozen::linear(x, w)
+    } else {
+        x.matmul(&w.t()?)
     }
 }
 

@@ -608,3 +608,150 @@ fn blockwise_ops_in_bf16_match_the_composite_reference_in_bf16() {
         );
     }
 }
+
+/// `sum(op(inputs) · w)` backpropagated with the inputs listed in `frozen` as plain tensors (no
+/// gradient tracking, as the base weights under LoRA adapters) and the others as variables:
+/// the gradient of input 0 and the shapes of the matrices the gradient store holds (read from
+/// its debug output, `Tensor[dims 8, 6; f32]`): everything the backward pass computed.
+fn frozen_run(
+    op: Op,
+    shapes: &[&[usize]],
+    frozen: &[usize],
+    dtype: DType,
+) -> Result<(Vec<f64>, Vec<[usize; 2]>)> {
+    let tensors = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, shape)| {
+            let n = shape.iter().product();
+            let t = Tensor::from_vec(data(n, k as f64 + 1.0, 2.0), *shape, &Device::Cpu)?
+                .to_dtype(dtype)?;
+            if frozen.contains(&k) {
+                Ok(t)
+            } else {
+                Ok(Var::from_tensor(&t)?.as_tensor().clone())
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let out = op(&tensors)?;
+    let w = Tensor::from_vec(data(out.elem_count(), 99.0, 2.0), out.shape(), &Device::Cpu)?
+        .to_dtype(out.dtype())?;
+    let store = (out * w)?.sum_all()?.backward()?;
+    for &k in frozen {
+        assert!(
+            store.get(&tensors[k]).is_none(),
+            "frozen input {k} got a gradient"
+        );
+    }
+    let dx = store
+        .get(&tensors[0])
+        .ok_or_else(|| candle_core::Error::Msg("no gradient for input 0".into()))?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1()?;
+    let text = format!("{store:?}");
+    let matrices = text
+        .split("dims ")
+        .skip(1)
+        .filter_map(|rest| {
+            let dims: Vec<usize> = rest
+                .split(';')
+                .next()?
+                .split(", ")
+                .map(str::parse)
+                .collect::<std::result::Result<_, _>>()
+                .ok()?;
+            <[usize; 2]>::try_from(dims).ok()
+        })
+        .collect();
+    Ok((dx, matrices))
+}
+
+/// A frozen weight gets no gradient on any path (the CPU kernels in f64 and f32, candle's ops in
+/// bf16, the blockwise log-prob head): its `dW` products are skipped, not computed and dropped,
+/// so the gradient store holds no matrix of its shape or the transpose, while the input's
+/// gradient is the one it gets beside a trainable weight.
+#[test]
+fn frozen_weights_get_no_gradient_on_any_path() {
+    let (t, inp, out, v) = (5, 6, 8, 11);
+    let targets: Vec<u32> = (0..t as u32).map(|i| (i * 3 + 1) % v as u32).collect();
+    let g = data(t, 98.0, 2.0);
+    let stacked = |(lp, ent): (Tensor, Option<Tensor>)| match ent {
+        Some(ent) => Tensor::stack(&[lp, ent], 1),
+        None => Ok(lp),
+    };
+    let proj: &[&[usize]] = &[&[t, inp], &[out, inp]];
+    let proj_add: &[&[usize]] = &[&[t, inp], &[out, inp], &[t, out]];
+    let mlp: &[&[usize]] = &[&[t, inp], &[out, inp], &[out, inp]];
+    let head: &[&[usize]] = &[&[t, inp], &[v, inp]];
+    // (name, op, input shapes, the weights among them)
+    type Case<'a> = (&'a str, Op<'a>, &'a [&'a [usize]], &'a [usize]);
+    let cases: [Case<'_>; 7] = [
+        ("linear", &|x| ops::linear(&x[0], &x[1]), proj, &[1]),
+        (
+            "linear_heads",
+            &|x| ops::linear_heads(&x[0], &x[1], 2),
+            proj,
+            &[1],
+        ),
+        (
+            "linear_add",
+            &|x| ops::linear_add(&x[0], &x[1], &x[2]),
+            proj_add,
+            &[1],
+        ),
+        (
+            "gated_up",
+            &|x| ops::gated_up(&x[0], &x[1], &x[2]),
+            mlp,
+            &[1, 2],
+        ),
+        (
+            "token_logprobs",
+            &|x| stacked(ops::token_logprobs(&x[0], &x[1], &targets, 0.7, true)?),
+            head,
+            &[1],
+        ),
+        (
+            "token_logprobs_for_grad",
+            &|x| ops::token_logprobs_for_grad(&x[0], &x[1], &targets, 0.7, &g),
+            head,
+            &[1],
+        ),
+        (
+            "blockwise_token_logprobs",
+            &|x| {
+                stacked(ops::blockwise_token_logprobs(
+                    &x[0],
+                    &x[1],
+                    &targets,
+                    0.7,
+                    true,
+                    2 * v,
+                )?)
+            },
+            head,
+            &[1],
+        ),
+    ];
+    for (name, op, shapes, weights) in cases {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+            let what = format!("{name} {dtype:?}");
+            let (dx, frozen) = frozen_run(op, shapes, weights, dtype).unwrap();
+            let (dx_trained, trained) = frozen_run(op, shapes, &[], dtype).unwrap();
+            assert_close(&format!("{what}: input gradient"), &dx, &dx_trained, tol);
+            for &k in weights {
+                let (o, i) = (shapes[k][0], shapes[k][1]);
+                let held = |m: &[[usize; 2]]| m.contains(&[o, i]) || m.contains(&[i, o]);
+                assert!(
+                    held(&trained),
+                    "{what}: a trainable weight {k} gets its gradient"
+                );
+                assert!(
+                    !held(&frozen),
+                    "{what}: frozen weight {k} got a gradient: {frozen:?}"
+                );
+            }
+        }
+    }
+}
