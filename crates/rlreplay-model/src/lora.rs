@@ -231,7 +231,13 @@ impl LoraConfig {
                 obj.get(k).map_or(String::new(), Value::to_string)
             ))
         };
-        for k in ["use_rslora", "use_dora", "use_qalora", "fan_in_fan_out", "lora_bias"] {
+        for k in [
+            "use_rslora",
+            "use_dora",
+            "use_qalora",
+            "fan_in_fan_out",
+            "lora_bias",
+        ] {
             if get(k).is_some_and(|v| v != &Value::Bool(false)) {
                 return Err(unsupported(k, "only false"));
             }
@@ -345,7 +351,11 @@ impl LoraConfig {
     }
 
     /// The `(A, B)` shapes of the adapter of `target` on a model of `cfg`: `[r, in]`, `[out, r]`.
-    pub fn adapter_shapes(&self, cfg: &ModelConfig, target: LoraTarget) -> ([usize; 2], [usize; 2]) {
+    pub fn adapter_shapes(
+        &self,
+        cfg: &ModelConfig,
+        target: LoraTarget,
+    ) -> ([usize; 2], [usize; 2]) {
         let (out, inp) = target.weight_shape(cfg);
         ([self.r, inp], [out, self.r])
     }
@@ -365,11 +375,11 @@ fn parse_targets(names: &[&str]) -> Result<Vec<LoraTarget>> {
         let t = LoraTarget::from_name(module)
             .filter(|t| module == name || name.ends_with(&format!(".{}", t.path())))
             .ok_or_else(|| {
-            Error::Config(format!(
-                "LoRA: unknown target module {name:?} (known: q_proj, k_proj, v_proj, o_proj, \
-                 gate_proj, up_proj, down_proj, or \"all-linear\")"
-            ))
-        })?;
+                Error::Config(format!(
+                    "LoRA: unknown target module {name:?} (known: q_proj, k_proj, v_proj, o_proj, \
+                     gate_proj, up_proj, down_proj, or \"all-linear\")"
+                ))
+            })?;
         set.insert(t);
     }
     let mut out: Vec<LoraTarget> = set.into_iter().collect();
@@ -434,7 +444,9 @@ impl<W> LayerAdapters<W> {
 
     /// Every A and B of the layer, in target order (A before B).
     pub fn weights(&self) -> Vec<&W> {
-        self.iter().flat_map(|(_, a)| [&a.lora_a, &a.lora_b]).collect()
+        self.iter()
+            .flat_map(|(_, a)| [&a.lora_a, &a.lora_b])
+            .collect()
     }
 }
 

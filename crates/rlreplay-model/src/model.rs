@@ -953,15 +953,16 @@ impl Model {
             adapters,
             scale: *scale,
         });
-        self.layer_weights(l, track)?.forward(x, ctx, lora.as_ref(), |q, k, v| {
-            Ok(ops::packed_causal_attention(
-                q,
-                k,
-                v,
-                &packed.seq_offsets,
-                scale,
-            )?)
-        })
+        self.layer_weights(l, track)?
+            .forward(x, ctx, lora.as_ref(), |q, k, v| {
+                Ok(ops::packed_causal_attention(
+                    q,
+                    k,
+                    v,
+                    &packed.seq_offsets,
+                    scale,
+                )?)
+            })
     }
 
     /// The final norm of the rows of `x` (`[T, H]`) that predict the scored tokens: `[N, H]`.
