@@ -1177,6 +1177,95 @@ mod tests {
         }
     }
 
+    /// The shapes of the matrices a gradient store holds, read from its debug output
+    /// (`Tensor[dims 32, 64; f64]`): what the backward pass computed, whether or not anything
+    /// asks for it.
+    fn stored_matrix_shapes(store: &candle_core::backprop::GradStore) -> Vec<[usize; 2]> {
+        let text = format!("{store:?}");
+        text.split("dims ")
+            .skip(1)
+            .filter_map(|rest| {
+                let dims: Vec<usize> = rest
+                    .split(';')
+                    .next()?
+                    .split(", ")
+                    .map(str::parse)
+                    .collect::<std::result::Result<_, _>>()
+                    .ok()?;
+                <[usize; 2]>::try_from(dims).ok()
+            })
+            .collect()
+    }
+
+    /// Under adapters the backward pass reaches every adapter and computes nothing for the frozen
+    /// base weights on any code path (the CPU kernels, the blockwise CUDA path, half precision
+    /// through candle's ops): the gradient store holds no matrix of a base weight's shape or its
+    /// transpose, not even one computed and left unused. Without adapters it holds them all.
+    #[test]
+    fn frozen_base_weights_get_no_gradient_at_all() {
+        let b = batch();
+        let pairs: Vec<SeqPair<'_>> = b.iter().map(|(p, r)| SeqPair::new(p, r)).collect();
+        let targets: [Option<&[&str]>; 3] =
+            [None, Some(&["q_proj", "o_proj"]), Some(&["all-linear"])];
+        for arch in crate::Architecture::ALL {
+            for (dtype, blockwise) in [
+                (DType::F64, false),
+                (DType::F64, true),
+                (DType::BF16, false),
+                (DType::BF16, true),
+            ] {
+                for targets in targets {
+                    let what = format!("{arch:?} {dtype:?} blockwise={blockwise} {targets:?}");
+                    let mut model =
+                        Model::new_random(config(arch, false), 3, dtype, &Device::Cpu).unwrap();
+                    if let Some(t) = targets {
+                        let lora = crate::LoraConfig::new(2, 4.0, t).unwrap();
+                        model.add_lora(lora, 1).unwrap();
+                    }
+                    let packed = model.pack(&pairs).unwrap();
+                    let g = weights(packed.targets.len());
+                    let pass = || -> Result<candle_core::backprop::GradStore> {
+                        let lp = model.forward_for_grad(&packed, 1.0, &g)?;
+                        let gt = Tensor::new(g.as_slice(), &Device::Cpu)?.to_dtype(lp.dtype())?;
+                        Ok((&lp * &gt)?.sum_all()?.backward()?)
+                    };
+                    let store = if blockwise {
+                        ops::force_blockwise(pass)
+                    } else {
+                        pass()
+                    }
+                    .unwrap();
+                    let shapes = stored_matrix_shapes(&store);
+                    let has = |p: &Param| {
+                        let &[o, i] = p.var.dims() else {
+                            return None;
+                        };
+                        Some(shapes.contains(&[o, i]) || shapes.contains(&[i, o]))
+                    };
+                    if targets.is_none() {
+                        assert!(model.frozen_params().is_empty());
+                        for p in model.params() {
+                            assert_ne!(has(p), Some(false), "{what}: {} has no gradient", p.name);
+                        }
+                        continue;
+                    }
+                    assert!(!model.frozen_params().is_empty());
+                    for p in model.frozen_params() {
+                        assert_ne!(
+                            has(p),
+                            Some(true),
+                            "{what}: frozen {} got a gradient",
+                            p.name
+                        );
+                    }
+                    for p in model.params() {
+                        assert!(store.get(p.var.as_tensor()).is_some(), "{what}: {}", p.name);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn blockwise_path_in_bf16_keeps_f32_masters_and_matches_the_composite_path() {
         let b = batch();
