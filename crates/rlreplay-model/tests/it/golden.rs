@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::load;
 use candle_core::Tensor;
 use rlreplay_model::generate::{Decoder, KvCache};
-use rlreplay_model::golden::{max_abs_diff, Golden};
+use rlreplay_model::golden::{max_abs_diff, Golden, Pair};
 use rlreplay_model::{AdamW, AdamWConfig, Architecture, DType, Device, Model};
 
 const MODELS: [&str; 6] = [
@@ -211,14 +211,14 @@ fn fixtures_cover_every_architecture() {
 
 /// Log-probs of the golden pairs from a KV-cache decoder: prefill each prompt, then feed the
 /// response token by token.
-fn decoder_logprobs(dec: &Decoder, g: &Golden) -> Vec<Vec<f64>> {
+pub(crate) fn decoder_logprobs(dec: &Decoder, pairs: &[Pair], temperature: f64) -> Vec<Vec<f64>> {
     let log_softmax_at = |row: &[f32], tok: u32| {
-        let z: Vec<f64> = row.iter().map(|&v| f64::from(v) / g.temperature).collect();
+        let z: Vec<f64> = row.iter().map(|&v| f64::from(v) / temperature).collect();
         let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
         z[tok as usize] - lse
     };
-    g.pairs
+    pairs
         .iter()
         .map(|p| {
             let mut cache: KvCache = dec.new_cache();
@@ -243,10 +243,16 @@ fn both_decoders_match_transformers() {
     for name in MODELS {
         let g = golden(name);
         let host = Decoder::new(&load_model(name, DType::F32)).unwrap();
-        let d = max_abs_diff(&decoder_logprobs(&host, &g), &g.logprobs);
+        let d = max_abs_diff(
+            &decoder_logprobs(&host, &g.pairs, g.temperature),
+            &g.logprobs,
+        );
         assert!(d < 1e-4, "{name}: host decoder off by {d:e}");
         let candle = Decoder::new(&load_model(name, DType::F64)).unwrap();
-        let d = max_abs_diff(&decoder_logprobs(&candle, &g), &g.logprobs);
+        let d = max_abs_diff(
+            &decoder_logprobs(&candle, &g.pairs, g.temperature),
+            &g.logprobs,
+        );
         assert!(d < 1e-5, "{name}: candle decoder off by {d:e}");
     }
 }

@@ -4,5 +4,6 @@
 //! environment, the working directory) must not disturb the others.
 
 mod golden;
+mod lora;
 mod model;
 mod ops_grad;
