@@ -14,6 +14,8 @@
 #   SCHEDULES    cells' schedules, space-separated names (default: all of
 #                exact lag1 lag4 lag16 shuffle sub25 sub50 n50 epochs2 mixed)
 #   CORRECTIONS  none token_tis seq_mis (default: all three)
+#   CELLS        SCHEDULE/CORRECTION pairs, space-separated, instead of the full
+#                SCHEDULES x CORRECTIONS grid (for example "lag4/none lag4/token_tis mixed/none")
 #   REFS         other online runs of the same configuration with other seeds
 #                ([trainer] seed): their final policies are scored as `online` rows beside the
 #                run's own, so the table shows the spread that comes from the seed alone
@@ -195,10 +197,15 @@ if [ "$RUN" != "-" ]; then
     i=$((i + 1))
   done
 fi
-for s in $SCHEDULES; do
-  for c in $CORRECTIONS; do
-    cell "$s" "$c" 0
+if [ -z "${CELLS:-}" ]; then
+  for s in $SCHEDULES; do
+    for c in $CORRECTIONS; do
+      CELLS+=" $s/$c"
+    done
   done
+fi
+for sc in $CELLS; do
+  cell "${sc%%/*}" "${sc#*/}" 0
 done
 {
   echo "$header"
