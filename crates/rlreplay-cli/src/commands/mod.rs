@@ -37,6 +37,9 @@ pub struct RunArgs {
     /// Stop after this trainer step (a checkpoint is written); continue later with --resume.
     #[arg(long, value_name = "STEP", value_parser = clap::value_parser!(u64).range(1..))]
     pub stop_after: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 impl RunArgs {
@@ -55,17 +58,16 @@ impl RunArgs {
 
     /// The run of a `kind` front: the configuration read (its deprecation warnings printed to
     /// stderr) with the `--set` overrides and their provenance, the run directory, resume and
-    /// early stop.
+    /// early stop; a progress bar on a terminal unless `--quiet`.
     pub fn options(
         &self,
         kind: rlreplay_train::SourceKind,
-        progress: bool,
     ) -> anyhow::Result<rlreplay_train::RunOptions> {
         use anyhow::Context;
         let path = self.config_path()?;
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
-        self.options_of(path, text, kind, progress)
+        self.options_of(path, text, kind)
     }
 
     /// [`RunArgs::options`] of configuration `text` (read from `path`).
@@ -74,9 +76,9 @@ impl RunArgs {
         path: std::path::PathBuf,
         text: String,
         kind: rlreplay_train::SourceKind,
-        progress: bool,
     ) -> anyhow::Result<rlreplay_train::RunOptions> {
         use anyhow::Context;
+        use std::io::IsTerminal;
         let (config, warnings) = rlreplay_train::Config::parse_reporting(&text, &self.set, kind)
             .with_context(|| format!("in config {}", path.display()))?;
         for w in warnings {
@@ -92,7 +94,7 @@ impl RunArgs {
             out,
             resume: self.resume,
             stop_after: self.stop_after,
-            progress,
+            progress: !self.quiet && std::io::stderr().is_terminal(),
         })
     }
 

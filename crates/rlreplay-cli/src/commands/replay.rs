@@ -1,6 +1,5 @@
 //! `rlreplay replay`: train a policy on a logged rollout dataset.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -16,23 +15,19 @@ pub struct Args {
     /// build it trains the online run's policy bit for bit.
     #[arg(long, value_name = "RUN_DIR", conflicts_with = "config")]
     from_run: Option<std::path::PathBuf>,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
 }
 
 /// Runs `rlreplay replay`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let progress = !args.quiet && std::io::stderr().is_terminal();
     let opts = match &args.from_run {
         Some(dir) if !args.run.resume => {
             let text = rlreplay_train::Config::replay_of_run(dir)
                 .with_context(|| format!("--from-run {}", dir.display()))?;
             args.run
-                .options_of(dir.join("config.toml"), text, SourceKind::Logged, progress)?
+                .options_of(dir.join("config.toml"), text, SourceKind::Logged)?
         }
         // A resumed replay reads its own saved configuration.
-        _ => args.run.options(SourceKind::Logged, progress)?,
+        _ => args.run.options(SourceKind::Logged)?,
     };
     let out = opts.out.clone();
     let summary =

@@ -14,7 +14,7 @@ pub struct Args {
 
 /// Runs `rlreplay train`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let opts = args.run.options(SourceKind::Online, false)?;
+    let opts = args.run.options(SourceKind::Online)?;
     let out = opts.out.clone();
     let summary = rlreplay_train::run(&opts)
         .with_context(|| format!("online training into {}", out.display()))?;
