@@ -246,8 +246,9 @@ scored = [r for r in rows if num(r["mean_at_k"]) is not None]
 if scored:
     fig, ax = plt.subplots(figsize=(max(6, len(scored) * 0.35), 4))
     ax.bar(range(len(scored)), [num(r["mean_at_k"]) for r in scored])
-    ax.set_xticks(range(len(scored)), [f'{r["schedule"]}/{r["correction"]}' for r in scored],
-                  rotation=70, fontsize=7)
+    labels = [f'online/seed {r["seed"]}' if r["schedule"] == "online"
+              else f'{r["schedule"]}/{r["correction"]}' for r in scored]
+    ax.set_xticks(range(len(scored)), labels, rotation=70, fontsize=7)
     if ref:
         ax.axhspan(min(ref), max(ref), color="grey", alpha=0.3, label="online runs")
         ax.legend()
