@@ -1085,6 +1085,10 @@ fn to_f64_vec(t: &Tensor) -> Result<Vec<f64>> {
 }
 
 #[cfg(test)]
+#[path = "../tests/it/grad_store.rs"]
+mod grad_store;
+
+#[cfg(test)]
 mod tests {
     //! The CUDA code path (blockwise attention and log-prob head) run on the CPU through the same
     //! model functions, against the CPU kernels (f64) and the composite reference (bf16).
@@ -1177,26 +1181,6 @@ mod tests {
         }
     }
 
-    /// The shapes of the matrices a gradient store holds, read from its debug output
-    /// (`Tensor[dims 32, 64; f64]`): what the backward pass computed, whether or not anything
-    /// asks for it.
-    fn stored_matrix_shapes(store: &candle_core::backprop::GradStore) -> Vec<[usize; 2]> {
-        let text = format!("{store:?}");
-        text.split("dims ")
-            .skip(1)
-            .filter_map(|rest| {
-                let dims: Vec<usize> = rest
-                    .split(';')
-                    .next()?
-                    .split(", ")
-                    .map(str::parse)
-                    .collect::<std::result::Result<_, _>>()
-                    .ok()?;
-                <[usize; 2]>::try_from(dims).ok()
-            })
-            .collect()
-    }
-
     /// Under adapters the backward pass reaches every adapter and computes nothing for the frozen
     /// base weights on any code path (the CPU kernels, the blockwise CUDA path, half precision
     /// through candle's ops): the gradient store holds no matrix of a base weight's shape or its
@@ -1235,7 +1219,7 @@ mod tests {
                         pass()
                     }
                     .unwrap();
-                    let shapes = stored_matrix_shapes(&store);
+                    let shapes = super::grad_store::matrix_shapes(&store);
                     let has = |p: &Param| {
                         let &[o, i] = p.var.dims() else {
                             return None;

@@ -4,6 +4,7 @@
 //! environment, the working directory) must not disturb the others.
 
 mod golden;
+mod grad_store;
 mod lora;
 mod model;
 mod ops_grad;

@@ -649,21 +649,7 @@ fn frozen_run(
         .to_dtype(DType::F64)?
         .flatten_all()?
         .to_vec1()?;
-    let text = format!("{store:?}");
-    let matrices = text
-        .split("dims ")
-        .skip(1)
-        .filter_map(|rest| {
-            let dims: Vec<usize> = rest
-                .split(';')
-                .next()?
-                .split(", ")
-                .map(str::parse)
-                .collect::<std::result::Result<_, _>>()
-                .ok()?;
-            <[usize; 2]>::try_from(dims).ok()
-        })
-        .collect();
+    let matrices = crate::grad_store::matrix_shapes(&store);
     Ok((dx, matrices))
 }
 
