@@ -23,7 +23,8 @@ const MODELS: [&str; 6] = [
     "llama_tiny_gqa_untied",
 ];
 
-fn fixtures() -> PathBuf {
+/// The model crate's test fixtures.
+pub(crate) fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
@@ -35,7 +36,8 @@ fn load_model(name: &str, dtype: DType) -> Model {
     Model::load(fixtures().join(name), dtype, &Device::Cpu).unwrap()
 }
 
-fn flat(t: &Tensor) -> Vec<f64> {
+/// A tensor's elements as f64.
+pub(crate) fn flat(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64)
         .unwrap()
         .flatten_all()

@@ -17,7 +17,7 @@ use rlreplay_model::{
 };
 use serde::Deserialize;
 
-use super::golden::decoder_logprobs;
+use super::golden::{decoder_logprobs, fixtures, flat};
 
 /// The adapter fixtures and their base fixtures.
 const ADAPTERS: [(&str, &str); 5] = [
@@ -50,10 +50,6 @@ impl LoraGolden {
     }
 }
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
 fn golden(name: &str) -> LoraGolden {
     let path = fixtures().join(format!("lora/{name}.golden.json"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -66,15 +62,6 @@ fn adapted(name: &str, base: &str, dtype: DType) -> Model {
         .load_adapter(fixtures().join("lora").join(name))
         .unwrap();
     model
-}
-
-fn flat(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
 }
 
 fn bits(t: &Tensor) -> Vec<u64> {

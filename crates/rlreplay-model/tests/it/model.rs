@@ -2,6 +2,8 @@
 //! differences, packing, micro-batch accumulation, checkpoints and optimizer state.
 
 use candle_core::{Tensor, Var};
+
+use super::golden::flat;
 use rlreplay_model::{
     mixed_logprobs, AdamW, AdamWConfig, Architecture, DType, Device, Model, ModelConfig,
     RopeScaling, SaveOptions, SeqPair,
@@ -61,15 +63,6 @@ fn as_pairs(b: &[(Vec<u32>, Vec<u32>)]) -> Vec<SeqPair<'_>> {
 
 fn weights(n: usize) -> Vec<f64> {
     (0..n).map(|i| ((i * 7 % 11) as f64 - 5.0) / 5.0).collect()
-}
-
-fn flat(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
 }
 
 /// A random model whose norm weights are also perturbed, so that their gradients are generic.
