@@ -24,12 +24,14 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Loads a Hugging Face model directory onto `device`; the tokenizer files
-    /// (`tokenizer.json`, `tokenizer_config.json`) come from `tokenizer_dir`, or from the model
-    /// directory. Refused with the estimate, before any weight is read, when the weights and the
-    /// decoder's copy do not fit in the device's available memory.
+    /// Loads a Hugging Face model directory onto `device`, with the PEFT adapter of `adapter`
+    /// when given (folded into the decoder's weights); the tokenizer files (`tokenizer.json`,
+    /// `tokenizer_config.json`) come from `tokenizer_dir`, or from the model directory. Refused
+    /// with the estimate, before any weight is read, when the weights and the decoder's copy do
+    /// not fit in the device's available memory.
     pub fn load(
         model_dir: &Path,
+        adapter: Option<&Path>,
         tokenizer_dir: Option<&Path>,
         dtype: DType,
         device: &Device,
@@ -42,7 +44,13 @@ impl Policy {
         MemoryEstimate::new(&cfg, dtype, Workload::Sampling)
             .check(device)
             .map_err(context)?;
-        let model = Model::load(model_dir, dtype, device).map_err(context)?;
+        let mut model = Model::load(model_dir, dtype, device).map_err(context)?;
+        if let Some(dir) = adapter {
+            model.load_adapter(dir).map_err(|source| Error::LoadModel {
+                dir: dir.to_owned(),
+                source,
+            })?;
+        }
         let non_finite_weights = model.non_finite_params()?;
         let decoder = Decoder::new(&model)?;
         let chat = ChatTokenizer::from_dir(tokenizer_dir.unwrap_or(model_dir))?;

@@ -256,6 +256,14 @@ pub enum Error {
         /// The model crate's error.
         source: rlreplay_model::Error,
     },
+    /// `[model] adapter` that cannot be loaded onto the initial model.
+    #[error("[model] adapter = {}", dir.display())]
+    LoadAdapter {
+        /// The adapter directory.
+        dir: PathBuf,
+        /// The model crate's error.
+        source: rlreplay_model::Error,
+    },
     /// The teacher's model directory that cannot be loaded.
     #[error("loading the teacher {}", dir.display())]
     LoadTeacher {

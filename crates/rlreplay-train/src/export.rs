@@ -37,7 +37,8 @@ use crate::rundir::{
     self, checkpoint_dir, complete_checkpoints, csv_field, csv_records, is_policy_file, link_files,
     newest_checkpoint, read_score_history, replace_dir, sync_tree, LATEST, TRAINER_STATE,
 };
-use crate::trainer::TrainerState;
+use crate::trainer::{base_model, initial_model_dir, TrainerState};
+use rlreplay_model::lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
 mod readme;
 
@@ -96,6 +97,9 @@ pub struct ExportOptions {
     /// License for the card's metadata; absent: the base model directory's README front matter
     /// `license`, when it has one.
     pub license: Option<String>,
+    /// For a LoRA run: put the root policy's adapter merged into the base weights at the card's
+    /// root (the Hugging Face layout) instead of the adapter alone.
+    pub merge: bool,
 }
 
 /// One validation of the run.
@@ -492,6 +496,39 @@ impl Run {
         })
     }
 
+    /// The root policy's adapter merged into the run's initial model, written to `out` in the
+    /// Hugging Face layout with the initial model's tokenizer files.
+    fn write_merged(&self, out: &Path) -> Result<()> {
+        let adapter = &self.root.dir;
+        if !adapter.join(ADAPTER_CONFIG).is_file() {
+            return Err(bad(
+                adapter,
+                format!(
+                    "--merge: no {ADAPTER_CONFIG}: the run trained every weight, there is no \
+                     adapter to merge"
+                ),
+            ));
+        }
+        let model_dir = initial_model_dir(&self.config, &self.dir)?;
+        let device = rlreplay_model::Device::Cpu;
+        let mut model = base_model(&self.config, model_dir.as_deref(), &device)?;
+        model
+            .load_adapter(adapter)
+            .map_err(|source| Error::LoadCheckpoint {
+                dir: adapter.clone(),
+                source,
+            })?;
+        model.merge_lora()?;
+        model.set_source_dir(model_dir);
+        let staged = out.join(".merged");
+        model.save_hf(&staged)?;
+        for name in rundir::file_names(&staged, |_| true)? {
+            fs::rename(staged.join(&name), out.join(&name)).at("cannot move into", out)?;
+        }
+        fs::remove_dir(&staged).at("cannot remove", &staged)?;
+        Ok(())
+    }
+
     /// The validation row of `step`.
     fn row_at(&self, step: u64) -> Option<&ValRow> {
         self.validations.iter().find(|v| v.step == step)
@@ -504,7 +541,11 @@ impl Run {
 
     /// Writes the whole card into `out`, to be renamed to `card` (`name` is its title).
     fn write(&self, out: &Path, card: &Path, name: &str, opts: &ExportOptions) -> Result<()> {
-        link_files(&self.root.dir, out, is_policy_file)?;
+        if opts.merge {
+            self.write_merged(out)?;
+        } else {
+            link_files(&self.root.dir, out, is_policy_file)?;
+        }
         link_files(&self.last.1, &out.join("checkpoints/last"), is_policy_file)?;
 
         let results = out.join("results");
@@ -668,6 +709,10 @@ fn read_best(path: &Path, validations: &[ValRow]) -> Result<ValRow> {
 /// The first file a loadable Hugging Face policy in `dir` lacks: `config.json`, or the weights
 /// (`model.safetensors`, or the index and every shard it names).
 fn missing_policy_file(dir: &Path) -> Result<Option<PathBuf>> {
+    if dir.join(ADAPTER_CONFIG).is_file() {
+        let weights = dir.join(ADAPTER_WEIGHTS);
+        return Ok((!weights.is_file()).then_some(weights));
+    }
     let config = dir.join("config.json");
     if !config.is_file() {
         return Ok(Some(config));

@@ -527,6 +527,7 @@ pub fn is_policy_file(name: &str) -> bool {
         && (name == "config.json"
             || name.ends_with(".safetensors")
             || name == "model.safetensors.index.json"
+            || name == rlreplay_model::lora::ADAPTER_CONFIG
             || rlreplay_model::TOKENIZER_FILES.contains(&name))
 }
 

@@ -237,7 +237,7 @@ impl Start {
 /// The directory of the initial policy: `[model] path` (a Hugging Face hub path is downloaded),
 /// or the toy task's generated model in `RUN_DIR/initial`; `None` for a `[model.random]` policy
 /// of a source that draws no prompts.
-fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
+pub(crate) fn initial_model_dir(cfg: &Config, out: &Path) -> Result<Option<PathBuf>> {
     if let Some(path) = &cfg.model.path {
         let dir = resolve_hub_path(&path.to_string_lossy(), &model_file).map_err(|source| {
             Error::ModelPath {
@@ -307,7 +307,14 @@ fn resumed_policy(
         dir: dir.to_path_buf(),
         source,
     };
-    let mut policy = Model::load(dir, cfg.model.dtype.candle(), device).map_err(load)?;
+    let mut policy = if cfg.model.uses_lora() {
+        // A LoRA checkpoint holds the adapters only: they go back onto the initial base.
+        let mut base = base_model(cfg, model_dir, device)?;
+        base.load_adapter(dir).map_err(load)?;
+        base
+    } else {
+        Model::load(dir, cfg.model.dtype.candle(), device).map_err(load)?
+    };
     // Tokenizer files come from the initial model's directory: checkpoint rotation removes the
     // checkpoint this model was loaded from.
     policy.set_source_dir(model_dir.map(Path::to_path_buf));
@@ -328,24 +335,56 @@ fn resumed_policy(
     Ok((policy, opt, state))
 }
 
-/// The initial policy (from `model_dir`, else `[model.random]`), a fresh optimizer and the state
-/// of step 0.
+/// The initial model's weights: `model_dir`, else `[model.random]` (the base under LoRA).
+pub(crate) fn base_model(cfg: &Config, model_dir: Option<&Path>, device: &Device) -> Result<Model> {
+    let dtype = cfg.model.dtype.candle();
+    match (model_dir, &cfg.model.random) {
+        (Some(dir), _) => Model::load(dir, dtype, device).map_err(|source| Error::LoadModel {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+        (None, Some(r)) => {
+            Model::new_random(r.to_config(), r.seed, dtype, device).map_err(Error::RandomModel)
+        }
+        (None, None) => Err(Error::config("model", "[model]: give `path` or `random`")),
+    }
+}
+
+/// The initial policy: the initial model with the run's adapters when LoRA is on (`[model]
+/// adapter`, or fresh ones of `[model] lora_rank` drawn from `[trainer] seed`).
+fn initial_policy(cfg: &Config, model_dir: Option<&Path>, device: &Device) -> Result<Model> {
+    let mut model = base_model(cfg, model_dir, device)?;
+    if let Some(dir) = &cfg.model.adapter {
+        let adapter = |source| Error::LoadAdapter {
+            dir: dir.clone(),
+            source,
+        };
+        model.load_adapter(dir).map_err(adapter)?;
+        let r = model.lora_config().map_or(0, |l| l.r);
+        if cfg.model.lora_rank != 0 && cfg.model.lora_rank != r {
+            return Err(Error::config(
+                "model.lora_rank",
+                format!(
+                    "[model] lora_rank = {} but the adapter {} has rank {r} (leave lora_rank \
+                     unset to use the adapter's)",
+                    cfg.model.lora_rank,
+                    dir.display()
+                ),
+            ));
+        }
+    } else if let Some(lora) = cfg.model.fresh_lora()? {
+        model.add_lora(lora, cfg.trainer.seed)?;
+    }
+    Ok(model)
+}
+
+/// The initial policy ([`initial_policy`]), a fresh optimizer and the state of step 0.
 fn fresh_policy(
     cfg: &Config,
     model_dir: Option<&Path>,
     device: &Device,
 ) -> Result<(Model, AdamW, TrainerState)> {
-    let dtype = cfg.model.dtype.candle();
-    let policy = match (model_dir, &cfg.model.random) {
-        (Some(dir), _) => Model::load(dir, dtype, device).map_err(|source| Error::LoadModel {
-            dir: dir.to_path_buf(),
-            source,
-        })?,
-        (None, Some(r)) => {
-            Model::new_random(r.to_config(), r.seed, dtype, device).map_err(Error::RandomModel)?
-        }
-        (None, None) => return Err(Error::config("model", "[model]: give `path` or `random`")),
-    };
+    let policy = initial_policy(cfg, model_dir, device)?;
     let opt = AdamW::new(&policy, cfg.optim.adamw());
     let state = TrainerState {
         format: STATE_FORMAT,
@@ -425,19 +464,26 @@ fn load_teacher(
         ));
     };
     let sd = &cfg.self_distillation;
-    let teacher_dir = match checkpoint {
-        Some(ckpt) if sd.teacher_regularization == TeacherRegularization::Ema => {
-            ckpt.join(EMA_TEACHER)
-        }
-        _ => dir.to_path_buf(),
+    let ema = checkpoint
+        .filter(|_| sd.teacher_regularization == TeacherRegularization::Ema)
+        .map(|ckpt| ckpt.join(EMA_TEACHER));
+    let teacher_err = |dir: &Path| {
+        let dir = dir.to_path_buf();
+        move |source| Error::LoadTeacher { dir, source }
     };
-    let mut model =
-        Model::load(&teacher_dir, cfg.model.dtype.candle(), device).map_err(|source| {
-            Error::LoadTeacher {
-                dir: teacher_dir.clone(),
-                source,
-            }
-        })?;
+    // Under LoRA the teacher is the initial policy too: the base with the initial adapters (an
+    // EMA teacher's adapters follow the student's), so it shares no weights with the policy.
+    let mut model = match &ema {
+        Some(ema) if cfg.model.uses_lora() => {
+            let mut base = base_model(cfg, model_dir, device)?;
+            base.load_adapter(ema).map_err(teacher_err(ema))?;
+            base
+        }
+        Some(ema) => {
+            Model::load(ema, cfg.model.dtype.candle(), device).map_err(teacher_err(ema))?
+        }
+        None => initial_policy(cfg, model_dir, device)?,
+    };
     model.set_source_dir(Some(dir.to_path_buf()));
     let teacher = Teacher::new(model, sd.teacher_regularization, sd.teacher_update_rate)?;
     Ok(Some((teacher, chat.clone())))
@@ -494,6 +540,8 @@ pub struct Trainer {
     _lock: Option<RunLock>,
     /// The data-parallel ranks (one process when not started by a launcher).
     comm: Rc<dyn Collective>,
+    /// The base model as a LoRA checkpoint names it (`base_model_name_or_path`).
+    base_name: String,
 }
 
 impl Trainer {
@@ -543,6 +591,7 @@ impl Trainer {
             .is_root()
             .then(|| open_run_dir(opts, &cfg, state.global_step, resumed))
             .transpose()?;
+        let base_name = cfg.model.base_model_name(model_dir);
         let t = Self {
             cfg,
             source,
@@ -555,6 +604,7 @@ impl Trainer {
             state,
             run,
             out: opts.out.clone(),
+            base_name,
             _lock: start.lock,
             comm,
         };
@@ -735,7 +785,7 @@ impl Trainer {
             // The best policy goes to the run root once its step is checkpointed.
             if self.comm.is_root() {
                 let cand = self.run_dir()?.best_candidate();
-                self.policy.save_hf(&cand)?;
+                self.save_policy(&self.policy, &cand)?;
                 write_atomic(&cand.join("step.txt"), format!("{step}\n").as_bytes())?;
             }
         }
@@ -744,6 +794,17 @@ impl Trainer {
             v.mean
         ))?;
         Ok(Some(metrics))
+    }
+
+    /// Writes `model` (the policy or the EMA teacher) into `dir`: the Hugging Face layout, or
+    /// under LoRA the PEFT adapter alone, naming the base model.
+    fn save_policy(&self, model: &Model, dir: &Path) -> Result<()> {
+        if model.lora_config().is_some() {
+            model.save_adapter(dir, &self.base_name)?;
+        } else {
+            model.save_hf(dir)?;
+        }
+        Ok(())
     }
 
     fn save_checkpoint(&mut self) -> Result<PathBuf> {
@@ -762,10 +823,10 @@ impl Trainer {
         let dir = self
             .run_dir()?
             .save_checkpoint(step, self.cfg.trainer.keep, |d| {
-                self.policy.save_hf(d)?;
+                self.save_policy(&self.policy, d)?;
                 self.opt.save(d.join(OPTIMIZER_STATE))?;
                 if let Some(t) = ema {
-                    t.save_hf(d.join(EMA_TEACHER))?;
+                    self.save_policy(t, &d.join(EMA_TEACHER))?;
                 }
                 write_atomic(&d.join(TRAINER_STATE), state.as_bytes())
             })?;

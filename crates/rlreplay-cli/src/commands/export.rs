@@ -29,6 +29,10 @@ pub struct Args {
     /// License for the card's metadata (default: the base model README's, when it has one).
     #[arg(long)]
     pub license: Option<String>,
+    /// For a LoRA run: the root policy's adapter merged into the base model's weights (the
+    /// Hugging Face layout) instead of the adapter alone.
+    #[arg(long)]
+    pub merge: bool,
     /// The report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -47,6 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         force: args.force,
         base_model: args.base_model,
         license: args.license,
+        merge: args.merge,
     };
     let report = export(&opts).with_context(|| {
         format!(

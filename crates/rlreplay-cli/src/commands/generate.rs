@@ -21,6 +21,10 @@ pub struct SamplingArgs {
     /// Hugging Face model directory (config.json, safetensors; Qwen3, Qwen2 or Llama).
     #[arg(long)]
     pub model: PathBuf,
+    /// A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied to
+    /// the model.
+    #[arg(long, value_name = "DIR")]
+    pub adapter: Option<PathBuf>,
     /// Directory with tokenizer.json and tokenizer_config.json (default: the model directory).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -125,7 +129,13 @@ impl SamplingArgs {
         what: &str,
     ) -> Result<Sampled> {
         let device = parse_device(&self.device).context("--device")?;
-        let policy = Policy::load(&self.model, self.tokenizer.as_deref(), self.dtype, &device)?;
+        let policy = Policy::load(
+            &self.model,
+            self.adapter.as_deref(),
+            self.tokenizer.as_deref(),
+            self.dtype,
+            &device,
+        )?;
         super::warn_non_finite(&self.model, &policy.non_finite_weights);
         if self.stop_ids.is_none() {
             params.stop_ids = self.model_stop_ids(&policy.chat)?;

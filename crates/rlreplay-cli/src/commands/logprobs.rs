@@ -15,6 +15,10 @@ pub struct Args {
     /// Hugging Face checkpoint directory (config.json and safetensors; Qwen3, Qwen2 or Llama).
     #[arg(long)]
     model: PathBuf,
+    /// A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) applied to
+    /// the model.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
     /// JSONL input, one `{"prompt_token_ids": [...], "response_token_ids": [...]}` per line.
     #[arg(long)]
     input: PathBuf,
@@ -63,8 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         other => bail!("--dtype {other:?} is not one of f32, bf16, f64"),
     };
     let device = parse_device(&args.device).context("--device")?;
-    let model = Model::load(&args.model, dtype, &device)
-        .with_context(|| format!("loading the model from {}", args.model.display()))?;
+    let model = super::load_model(&args.model, args.adapter.as_deref(), dtype, &device)?;
     super::warn_non_finite(&args.model, &model.non_finite_params()?);
     let cfg = model.config();
 

@@ -110,6 +110,24 @@ impl RunArgs {
     }
 }
 
+/// Loads the Hugging Face model directory `model`, with the PEFT adapter directory `adapter` on
+/// it when given.
+pub fn load_model(
+    model: &std::path::Path,
+    adapter: Option<&std::path::Path>,
+    dtype: rlreplay_model::DType,
+    device: &rlreplay_model::Device,
+) -> anyhow::Result<rlreplay_model::Model> {
+    use anyhow::Context;
+    let mut m = rlreplay_model::Model::load(model, dtype, device)
+        .with_context(|| format!("loading the model from {}", model.display()))?;
+    if let Some(dir) = adapter {
+        m.load_adapter(dir)
+            .with_context(|| format!("loading the adapter {}", dir.display()))?;
+    }
+    Ok(m)
+}
+
 /// Warns on stderr about weights holding NaN or infinite values (what depends on them is NaN).
 pub fn warn_non_finite(model: &std::path::Path, found: &[(String, usize)]) {
     for (name, n) in found {

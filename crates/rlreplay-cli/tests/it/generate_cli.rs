@@ -7,7 +7,7 @@ use rlreplay_data::{read_shard, shard_path, ReadOptions};
 use rlreplay_model::{DType, Device, Model, ModelConfig, SeqPair};
 
 /// A one-layer random model with Qwen3's vocabulary size and tokenizer files.
-fn tiny_qwen3(dir: &Path) -> Model {
+pub(crate) fn tiny_qwen3(dir: &Path) -> Model {
     let cfg = ModelConfig {
         vocab_size: 151_936,
         hidden_size: 32,

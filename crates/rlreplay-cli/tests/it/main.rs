@@ -3,6 +3,7 @@
 //! The modules' tests run concurrently in one process; one that changes process-wide state (the
 //! environment, the working directory) must not disturb the others.
 
+mod adapter_cli;
 mod audit_policy_cli;
 mod common;
 mod compute_cli;

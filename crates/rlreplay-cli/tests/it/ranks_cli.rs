@@ -94,9 +94,16 @@ fn same_bits(one: &Path, two: &Path) {
     let steps = complete_checkpoints(&one.join("checkpoints")).unwrap();
     assert!(!steps.is_empty());
     for step in steps {
+        // The full weights, or the adapters of a LoRA run.
         let f = |r: &Path| {
-            std::fs::read(r.join(format!("checkpoints/global_step_{step}/model.safetensors")))
-                .unwrap()
+            let dir = r.join(format!("checkpoints/global_step_{step}"));
+            let full = dir.join("model.safetensors");
+            std::fs::read(if full.is_file() {
+                full
+            } else {
+                dir.join("adapter_model.safetensors")
+            })
+            .unwrap()
         };
         assert_eq!(f(one), f(two), "weights after step {step}");
         let f = |r: &Path| {
@@ -424,6 +431,40 @@ fn zero_1_gives_the_weights_of_one_process_and_resumes_unsharded() {
         "replay", "--out", &zero_s, "--resume", "--quiet", "--set", last,
     ]));
     same_bits(&full, &zero);
+}
+
+#[test]
+fn lora_with_zero_1_on_two_ranks_is_one_process_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = setup(
+        tmp.path(),
+        3,
+        4,
+        "[model]\nlora_rank = 4\ntarget_modules = [\"q_proj\", \"up_proj\"]\n",
+    );
+    let cfg = cfg.to_string_lossy();
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    let args = |out: &Path| {
+        [
+            "replay".to_string(),
+            "--config".into(),
+            cfg.to_string(),
+            "--out".into(),
+            out.to_string_lossy().into_owned(),
+            "--quiet".into(),
+            "--set".into(),
+            "optim.shard_optimizer_state=true".into(),
+        ]
+    };
+    let (a1, a2) = (args(&one), args(&two));
+    let v1: Vec<&str> = a1.iter().map(String::as_str).collect();
+    let v2: Vec<&str> = a2.iter().map(String::as_str).collect();
+    ok(&single(&v1));
+    ok(&ranks(2, &v2));
+    same_bits(&one, &two);
+    assert!(two
+        .join("checkpoints/global_step_3/adapter_config.json")
+        .is_file());
 }
 
 /// The toy preset of `rlreplay train`.

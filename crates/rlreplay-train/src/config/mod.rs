@@ -23,11 +23,11 @@ mod source_kind;
 mod tests;
 mod validate;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rlreplay_algo::AlgoConfig;
 use rlreplay_data::StepRange;
-use rlreplay_model::{AdamWConfig, DType, LrSchedule};
+use rlreplay_model::{AdamWConfig, DType, LoraConfig, LrSchedule};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -127,6 +127,19 @@ pub struct ModelSection {
     /// Recompute each layer's activations in the backward pass instead of keeping them (less
     /// memory, one more forward pass of the layers; the same gradients), as verl's key.
     pub enable_gradient_checkpointing: bool,
+    /// LoRA rank: above 0, fresh adapters of this rank are trained on the frozen base (PEFT's
+    /// initialisation, drawn from `[trainer] seed`); 0 trains every weight.
+    pub lora_rank: usize,
+    /// LoRA scaling numerator: the adapters' output is scaled by `lora_alpha / lora_rank`.
+    pub lora_alpha: f64,
+    /// The projections that carry adapters: `"all-linear"` or a list of PEFT module names
+    /// (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`).
+    pub target_modules: TargetModules,
+    /// LoRA dropout: only 0 (dropout is not implemented).
+    pub lora_dropout: f64,
+    /// A PEFT adapter directory to start from (its rank, alpha and target modules are used;
+    /// `lora_rank`, when set, must match).
+    pub adapter: Option<PathBuf>,
 }
 
 impl Default for ModelSection {
@@ -137,11 +150,104 @@ impl Default for ModelSection {
             device: "cpu".into(),
             random: None,
             enable_gradient_checkpointing: false,
+            lora_rank: 0,
+            lora_alpha: 16.0,
+            target_modules: TargetModules::default(),
+            lora_dropout: 0.0,
+            adapter: None,
+        }
+    }
+}
+
+/// The hub id a model path names: `hf://OWNER/NAME`, or a hub cache directory
+/// (`.../models--OWNER--NAME/snapshots/REV`).
+pub fn hub_id(path: &Path) -> Option<String> {
+    let text = path.to_string_lossy();
+    if let Some(id) = text.strip_prefix("hf://") {
+        return Some(id.trim_end_matches('/').to_string());
+    }
+    path.components().find_map(|c| {
+        let c = c.as_os_str().to_str()?;
+        let (owner, name) = c.strip_prefix("models--")?.split_once("--")?;
+        Some(format!("{owner}/{name}"))
+    })
+}
+
+/// `[model] target_modules`: one name (`"all-linear"`) or a list of module names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TargetModules {
+    /// One name, as `"all-linear"`.
+    One(String),
+    /// Module names.
+    Many(Vec<String>),
+}
+
+impl Default for TargetModules {
+    fn default() -> Self {
+        Self::One("all-linear".into())
+    }
+}
+
+impl TargetModules {
+    /// The names as a list.
+    pub fn names(&self) -> Vec<&str> {
+        match self {
+            Self::One(n) => vec![n.as_str()],
+            Self::Many(n) => n.iter().map(String::as_str).collect(),
         }
     }
 }
 
 impl ModelSection {
+    /// Whether the policy is trained through LoRA adapters (fresh ones or `adapter`).
+    pub fn uses_lora(&self) -> bool {
+        self.lora_rank > 0 || self.adapter.is_some()
+    }
+
+    /// The configuration of fresh adapters (`lora_rank` > 0 and no `adapter`), checked.
+    pub fn fresh_lora(&self) -> Result<Option<LoraConfig>> {
+        if self.lora_rank == 0 || self.adapter.is_some() {
+            return Ok(None);
+        }
+        let err = |key: &str| {
+            let key = key.to_string();
+            move |e: rlreplay_model::Error| {
+                let name = key.trim_start_matches("model.");
+                Error::config(key.clone(), format!("[model] {name}: {e}"))
+            }
+        };
+        let mut lora = LoraConfig::new(self.lora_rank, 1.0, &self.target_modules.names())
+            .map_err(err("model.target_modules"))?;
+        lora.lora_alpha = self.lora_alpha;
+        lora.lora_dropout = self.lora_dropout;
+        let key = if self.lora_dropout == 0.0 {
+            "model.lora_alpha"
+        } else {
+            "model.lora_dropout"
+        };
+        lora.validate().map_err(err(key))?;
+        Ok(Some(lora))
+    }
+
+    /// The base model as a PEFT adapter names it (`base_model_name_or_path`): the hub id of
+    /// `path` ([`hub_id`]), else the initial model's directory `model_dir` made absolute, else
+    /// empty (a random model).
+    pub fn base_model_name(&self, model_dir: Option<&Path>) -> String {
+        self.path
+            .as_deref()
+            .and_then(hub_id)
+            .or_else(|| {
+                model_dir.map(|d| {
+                    std::path::absolute(d)
+                        .unwrap_or_else(|_| d.to_path_buf())
+                        .display()
+                        .to_string()
+                })
+            })
+            .unwrap_or_default()
+    }
+
     /// The device named by `device`.
     pub fn device(&self) -> Result<rlreplay_model::Device> {
         rlreplay_model::parse_device(&self.device)

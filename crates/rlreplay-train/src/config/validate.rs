@@ -74,6 +74,16 @@ impl Config {
                  with the model directory's tokenizer.json",
                 algo.loss_mode.name())));
         }
+        m.fresh_lora()?;
+        if m.adapter.is_some() && m.lora_dropout != 0.0 {
+            return Err(Error::config(
+                "model.lora_dropout",
+                format!(
+                    "[model] lora_dropout = {}: only 0 is supported (dropout is not implemented)",
+                    m.lora_dropout
+                ),
+            ));
+        }
         self.self_distillation.validate()?;
         let r = &self.rollout;
         if !(r.temperature > 0.0 && r.temperature.is_finite()) {

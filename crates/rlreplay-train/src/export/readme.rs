@@ -8,9 +8,10 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{ExportOptions, Run, ValRow};
-use crate::config::{Config, SourceKind, Task, TeacherRegularization};
+use crate::config::{hub_id, Config, SourceKind, Task, TeacherRegularization};
 use crate::error::{Error, Result};
 use crate::rundir::csv_records;
+use rlreplay_model::lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
 /// What the card's sections share.
 struct Card<'a> {
@@ -22,6 +23,8 @@ struct Card<'a> {
     dataset: String,
     /// Prompts per trainer step (online), or `as logged`.
     batch: String,
+    /// The root policy is a PEFT adapter of the base model.
+    adapter: bool,
 }
 
 impl Run {
@@ -48,6 +51,7 @@ impl Run {
                 SourceKind::Online => cfg.batch.train_batch_size.to_string(),
                 SourceKind::Logged => "as logged".into(),
             },
+            adapter: files.iter().any(|f| f == ADAPTER_CONFIG),
         };
         let mut s = self.front_matter(&c)?;
         s.push_str(&self.intro(&c));
@@ -65,7 +69,12 @@ impl Run {
         {
             s.push_str(&format!("- `{f}`\n"));
         }
-        s.push_str(&usage(name, files.iter().any(|f| f == "tokenizer.json")));
+        let tokenizer = files.iter().any(|f| f == "tokenizer.json");
+        s.push_str(&if c.adapter {
+            peft_usage(name, c.base.id.as_deref())
+        } else {
+            usage(name, tokenizer)
+        });
         s.push_str(&self.source(card, opts, exported_at));
         Ok(s)
     }
@@ -78,12 +87,24 @@ impl Run {
         if let Some(l) = &c.base.license {
             s.push_str(&format!("license: {}\n", yaml(l)));
         }
-        s.push_str("library_name: transformers\npipeline_tag: text-generation\n");
+        let library = if c.adapter { "peft" } else { "transformers" };
+        s.push_str(&format!(
+            "library_name: {library}\npipeline_tag: text-generation\n"
+        ));
         if let Some(id) = &c.base.id {
             s.push_str(&format!("base_model: {}\n", yaml(id)));
         }
         s.push_str("tags:\n");
-        for tag in tags(cfg, model_type(&self.root.dir)?.as_deref()) {
+        // An adapter (or the run's adapter merged at export) has no config.json of its own
+        // there: the architecture is the base model's.
+        let typed = std::iter::once(self.root.dir.clone())
+            .chain(cfg.model.path.clone())
+            .find(|d| d.join("config.json").is_file());
+        let arch = typed.map(|d| model_type(&d)).transpose()?.flatten();
+        if c.adapter {
+            s.push_str("- \"lora\"\n- \"peft\"\n");
+        }
+        for tag in tags(cfg, arch.as_deref()) {
             s.push_str(&format!("- {}\n", yaml(&tag)));
         }
         if let Some(v) = self.row_at(self.root.step) {
@@ -424,20 +445,6 @@ impl BaseModel {
     }
 }
 
-/// The hub id a model path names: `hf://OWNER/NAME`, or a hub cache directory
-/// (`.../models--OWNER--NAME/snapshots/REV`).
-fn hub_id(path: &Path) -> Option<String> {
-    let text = path.to_string_lossy();
-    if let Some(id) = text.strip_prefix("hf://") {
-        return Some(id.trim_end_matches('/').to_string());
-    }
-    path.components().find_map(|c| {
-        let c = c.as_os_str().to_str()?;
-        let (owner, name) = c.strip_prefix("models--")?.split_once("--")?;
-        Some(format!("{owner}/{name}"))
-    })
-}
-
 /// The `license` of a model README's YAML front matter.
 fn readme_license(readme: &Path) -> Option<String> {
     let text = fs::read_to_string(readme).ok()?;
@@ -521,6 +528,20 @@ fn usage(name: &str, tokenizer: bool) -> String {
          torch_dtype=\"auto\",\n    device_map=\"auto\",\n)\n```\n",
     );
     s
+}
+
+/// `## Usage` of an adapter card: the base model with the adapter, through PEFT.
+fn peft_usage(name: &str, base: Option<&str>) -> String {
+    format!(
+        "\n## Usage\n\nA LoRA adapter ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS}) of the base model; \
+         `rlreplay export --merge` writes it merged into full weights.\n\n```python\n\
+         from peft import AutoPeftModelForCausalLM\n\n\
+         model_id = {}  # this directory, or the hub repository it is uploaded to\n\
+         # loads the base model named in adapter_config.json{}\n\
+         model = AutoPeftModelForCausalLM.from_pretrained(model_id, torch_dtype=\"auto\")\n```\n",
+        yaml(name),
+        base.map(|b| format!(" ({b})")).unwrap_or_default()
+    )
 }
 
 /// A YAML (and Python) double-quoted string.

@@ -5,6 +5,7 @@
 
 mod errors;
 mod golden;
+mod lora;
 mod presets;
 mod remote;
 mod replay;

@@ -10,7 +10,7 @@ use rlreplay_train::{run, Config, RunOptions, SourceKind};
 
 const EOS: u32 = 1;
 
-fn synth(steps: usize) -> SynthConfig {
+pub(crate) fn synth(steps: usize) -> SynthConfig {
     SynthConfig {
         steps,
         first_step: 1,
@@ -26,14 +26,19 @@ fn synth(steps: usize) -> SynthConfig {
     }
 }
 
-fn dataset(dir: &Path, steps: usize) -> PathBuf {
+pub(crate) fn dataset(dir: &Path, steps: usize) -> PathBuf {
     let out = dir.join("data");
     write_dataset(&out, &synth(steps), |_| {}).unwrap();
     out
 }
 
-fn config(data: &Path, extra: &str) -> Config {
-    let text = format!(
+pub(crate) fn config(data: &Path, extra: &str) -> Config {
+    Config::parse(&config_text(data, extra), &[], SourceKind::Logged).unwrap()
+}
+
+/// The TOML text of [`config`].
+pub(crate) fn config_text(data: &Path, extra: &str) -> String {
+    format!(
         r#"
 [model.random]
 vocab_size = 64
@@ -63,8 +68,7 @@ max_tokens_per_micro_batch = 200
 {extra}
 "#,
         data.display()
-    );
-    Config::parse(&text, &[], SourceKind::Logged).unwrap()
+    )
 }
 
 fn final_weights(run: &Path) -> Vec<u8> {

@@ -14,7 +14,7 @@ use rlreplay_train::toy;
 use rlreplay_train::{run, Config, RunOptions, SourceKind};
 
 /// A tiny random Qwen3 over the toy vocabulary with the toy tokenizer files.
-fn model_dir(dir: &Path) -> PathBuf {
+pub(crate) fn model_dir(dir: &Path) -> PathBuf {
     let out = dir.join("model");
     let model = Model::new_random(
         toy::model_config(&toy::default_model()),
@@ -29,7 +29,7 @@ fn model_dir(dir: &Path) -> PathBuf {
 }
 
 /// `steps` shards of 4 prompts × 4 rollouts: `\boxed{answer}` (score 1) or a wrong answer.
-fn dataset(dir: &Path, model: &Path, steps: i64, ground_truth: bool) -> PathBuf {
+pub(crate) fn dataset(dir: &Path, model: &Path, steps: i64, ground_truth: bool) -> PathBuf {
     let chat = ChatTokenizer::from_dir(model).unwrap();
     let end = toy::token_id(toy::IM_END).unwrap();
     let out = dir.join(if ground_truth { "data" } else { "data-no-gt" });
@@ -72,7 +72,7 @@ fn dataset(dir: &Path, model: &Path, steps: i64, ground_truth: bool) -> PathBuf 
     out
 }
 
-fn config(model: &Path, data: &Path, extra: &[&str]) -> Config {
+pub(crate) fn config(model: &Path, data: &Path, extra: &[&str]) -> Config {
     let text = format!(
         r#"
 [model]

@@ -15,7 +15,7 @@ use rlreplay_data::{
     read_footer, AuditStats, AuditSums, Dataset, ReadOptions, RolloutBatch, StepIter,
 };
 use rlreplay_dist::{Collective, Options, Placement};
-use rlreplay_model::{DType, Device, Model, ModelConfig, SeqPair};
+use rlreplay_model::{DType, Device, ModelConfig, SeqPair};
 use rlreplay_train::dist::{describe, DataParallel, ERROR_CODE};
 use rlreplay_train::trainer::with_threads;
 use serde::Serialize;
@@ -30,6 +30,9 @@ pub struct PolicyArgs {
     /// correction would do, per step and over the range.
     #[arg(long, value_name = "MODEL")]
     pub policy: Option<PathBuf>,
+    /// A PEFT LoRA adapter directory applied to the policy.
+    #[arg(long, value_name = "DIR", requires = "policy")]
+    pub adapter: Option<PathBuf>,
     /// Temperature of the policy's log-probs [default: the temperature logged with the rows,
     /// else 1].
     #[arg(long, requires = "policy")]
@@ -443,7 +446,7 @@ fn audit(args: &Args, policy: &Path, comm: &dyn Collective) -> Result<ExitCode> 
             let audit = root
                 .then(|| PolicyAudit::new(cfg.clone(), eos.clone(), &outputs))
                 .transpose()?;
-            let model = Model::load(policy, c.dtype, &c.device)
+            let model = super::super::load_model(policy, p.adapter.as_deref(), c.dtype, &c.device)
                 .with_context(|| format!("loading the policy {}", policy.display()))?;
             Ok((audit, model))
         })(),
