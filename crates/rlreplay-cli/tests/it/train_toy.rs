@@ -671,6 +671,38 @@ fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
     );
 }
 
+/// Online RL through LoRA adapters: the run checkpoints adapters in the PEFT layout, and the
+/// replay of its rollouts trains the same adapters, bit for bit.
+#[test]
+fn an_online_lora_run_and_its_replay_train_the_same_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let online = dir.path().join("online");
+    let online_s = online.display().to_string();
+    let config = preset();
+    let mut args = vec!["train", "--config", &config, "--out", &online_s];
+    args.extend(SHORT);
+    args.extend(["--set", "model.lora_rank=4", "--set", "optim.lr=1e-3"]);
+    let o = rlreplay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let replay = dir.path().join("replay");
+    let replay_s = replay.display().to_string();
+    let o = rlreplay(&[
+        "replay",
+        "--from-run",
+        &online_s,
+        "--out",
+        &replay_s,
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for file in ["adapter_model.safetensors", "optimizer.safetensors"] {
+        let read = |run: &Path| std::fs::read(run.join("checkpoints/global_step_4").join(file));
+        let (a, b) = (read(&online), read(&replay));
+        assert!(a.is_ok() && a.ok() == b.ok(), "{file} differs");
+    }
+    assert!(!online.join("checkpoints/last/model.safetensors").exists());
+}
+
 /// A step's time is broken down by phase in its metrics, with verl's names.
 #[test]
 fn a_steps_time_is_broken_down_by_phase() {

@@ -210,11 +210,10 @@ impl ModelSection {
         if self.lora_rank == 0 || self.adapter.is_some() {
             return Ok(None);
         }
-        let err = |key: &str| {
-            let key = key.to_string();
+        let err = |key: &'static str| {
             move |e: rlreplay_model::Error| {
                 let name = key.trim_start_matches("model.");
-                Error::config(key.clone(), format!("[model] {name}: {e}"))
+                Error::config(key, format!("[model] {name}: {e}"))
             }
         };
         let mut lora = LoraConfig::new(self.lora_rank, 1.0, &self.target_modules.names())
