@@ -81,6 +81,10 @@ pub enum Error {
     /// Binding, serving or a thread failed.
     #[error("{0}")]
     Io(String),
+    /// A LoRA adapter cannot be served: missing or corrupt files, or a rank, targets or shapes
+    /// that do not fit the base model (the message names the file, tensor, module and shapes).
+    #[error("{0}")]
+    Adapter(String),
     /// A setting of [`ServeConfig`] is out of range.
     #[cfg(feature = "server")]
     #[error("{0}")]
