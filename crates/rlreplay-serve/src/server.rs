@@ -51,7 +51,7 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Which distribution returned log-probs are of.
     pub logprobs_mode: LogprobMode,
-    /// Sequences decoded together at most.
+    /// Sequences of one served model (the base model or an adapter) decoded together at most.
     pub max_num_seqs: usize,
     /// Longest prompt plus completion (default: the model's `max_position_embeddings`).
     pub max_model_len: Option<usize>,

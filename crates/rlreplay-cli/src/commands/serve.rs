@@ -37,7 +37,8 @@ pub struct Args {
     /// unscaled logits).
     #[arg(long, default_value = "processed", value_parser = parse_mode)]
     logprobs_mode: LogprobMode,
-    /// Sequences decoded together at most; a request with more samples is decoded in turns.
+    /// Sequences decoded together at most (per served model: the base and each adapter); a
+    /// request with more samples is decoded in turns.
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
     /// Most prompts in one request (more: 400).
