@@ -591,6 +591,7 @@ impl Worker {
         for i in 0..self.slots.len() {
             self.abort_slot(i);
         }
+        self.drop_retired();
     }
 
     /// Ends every request of slot `i` now.
@@ -621,12 +622,13 @@ impl Worker {
                 }
             }
         }
-        self.drop_retired();
         self.settle();
     }
 
-    /// Once every batch is empty: answer `wait` pauses and apply a pending weight swap.
+    /// Drops the retired adapters that are done; once every batch is empty, answers `wait`
+    /// pauses and applies a pending weight swap.
     fn settle(&mut self) {
+        self.drop_retired();
         if !self.is_idle() {
             return;
         }

@@ -566,3 +566,60 @@ fn adapters_given_at_start_are_checked() {
     );
     assert!(bind(vec![("a", &f.a), ("b", &f.b)]).is_none());
 }
+
+#[test]
+fn requests_in_flight_finish_on_the_adapter_they_started_on() {
+    let f = fixture();
+    let server = serve(&f.base, |c| {
+        c.served_model_name = Some("base".into());
+        c.adapters = vec![("x".into(), f.a.clone())];
+    });
+    let url = server.url();
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_new_tokens: 1500,
+        stop_ids: vec![],
+        seed: 2,
+    };
+    let want_a = generate(
+        &adapter_decoder(&f.base, &f.a),
+        &[vec![1, 2, 3]],
+        4,
+        &params,
+        256,
+        |_| {},
+    )
+    .unwrap();
+    let long = {
+        let url = url.clone();
+        thread::spawn(move || {
+            let r = post(
+                &url,
+                "/v1/completions",
+                &json!({"model": "x", "prompt": [1, 2, 3], "n": 4, "max_tokens": 1500,
+                        "ignore_eos": true, "seed": 2, "logprobs": 0, "return_token_ids": true}),
+            );
+            samples_of_completions(&r)
+        })
+    };
+    while get(&url, "/get_server_info").body["running_seqs"] == 0 {
+        thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Replaced, then unloaded, while it generates: new requests see the change at once.
+    let r = post(
+        &url,
+        "/v1/load_lora_adapter",
+        &json!({"lora_name": "x", "lora_path": f.b, "load_inplace": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let b = want(&local(&adapter_decoder(&f.base, &f.b), 3));
+    assert_eq!(samples_of_completions(&completions(&url, "x", 3)), b);
+    let r = post(&url, "/v1/unload_lora_adapter", &json!({"lora_name": "x"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(completions(&url, "x", 3).status, 404);
+    // The request in flight finished on the adapter it started on.
+    assert_eq!(long.join().unwrap(), want(&want_a));
+    assert_eq!(get(&url, "/get_server_info").body["running_seqs"], 0);
+}
