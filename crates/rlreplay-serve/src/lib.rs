@@ -12,11 +12,26 @@
 //!   `/get_model_info`, `/get_server_info`, `/health`, `/flush_cache`; prime-rl's aliases
 //!   `POST /update_weights {weight_dir}`, `/pause?mode=abort|keep|wait`, `/resume`; and
 //!   `GET /v1/models`. See [`protocol::control`].
+//! - LoRA adapters: vLLM's `POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace}` and
+//!   `/v1/unload_lora_adapter {lora_name}` (plain-text answers), SGLang's `POST /load_lora_adapter`
+//!   and `/unload_lora_adapter` (`{success, error_message, loaded_adapters}`), and adapters given
+//!   at start ([`ServeConfig::adapters`]). A completions request selects an adapter by `model`, a
+//!   generate request by `lora_path`; `GET /v1/models` lists them with the base model as
+//!   `parent`.
 //!
-//! **Batching.** Every request's prompts join one continuous batch ([`rlreplay_sampling::engine`]):
-//! each decode step serves every live sequence of every request, and prompts join and leave
-//! between steps. At most `max_num_seqs` sequences decode at once: a prompt with a larger `n`
-//! joins in pieces of at most `max_num_seqs` samples, each admitted when there is room.
+//! **Batching.** Every request's prompts join the continuous batch of the model they run on
+//! ([`rlreplay_sampling::engine`]; the base model and each adapter have one, stepped in turn):
+//! each decode step serves every live sequence of every request on that model, and prompts join
+//! and leave between steps. At most `max_num_seqs` sequences of one model decode at once: a
+//! prompt with a larger `n` joins in pieces of at most `max_num_seqs` samples, each admitted when
+//! there is room.
+//!
+//! **Adapters.** An adapter is served by the base weights with the adapter merged, a full copy of
+//! the base weights per adapter, so its samples are those of the in-process engine for the base
+//! model with the adapter loaded. Loading builds that copy off the engine thread and then swaps it
+//! in; an adapter loaded under a name in use (vLLM's `load_inplace`) replaces it for new requests
+//! while the requests in flight finish on the old one. A weight update merges every served adapter
+//! into the new weights. A bad adapter is a 400 naming the file, tensor, module and shapes.
 //!
 //! **Random streams.** Sample `j` of the `p`-th prompt of a request with seed `S` draws from the
 //! ChaCha8 stream `p * n + j` of `S`, the streams `rlreplay generate --seed S` uses for the same
@@ -81,6 +96,10 @@ pub enum Error {
     /// Binding, serving or a thread failed.
     #[error("{0}")]
     Io(String),
+    /// A LoRA adapter cannot be served: missing or corrupt files, or a rank, targets or shapes
+    /// that do not fit the base model (the message names the file, tensor, module and shapes).
+    #[error("{0}")]
+    Adapter(String),
     /// A setting of [`ServeConfig`] is out of range.
     #[cfg(feature = "server")]
     #[error("{0}")]

@@ -1,7 +1,7 @@
 //! The HTTP server: routes, authentication, body limits and JSON errors, over the engine thread of
 //! [`crate::worker`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +23,9 @@ use tokio::sync::oneshot;
 
 use crate::conn::ConnLimits;
 use crate::protocol::control::{
-    ContinueGeneration, ModelInfo, PauseGeneration, ServerInfo, StatusResponse, UpdateWeights,
-    UpdateWeightsFromDisk, UpdateWeightsResponse, WeightVersion,
+    ContinueGeneration, LoadLoraAdapter, LoraUpdateResult, ModelInfo, PauseGeneration, ServerInfo,
+    StatusResponse, UnloadLoraAdapter, UpdateWeights, UpdateWeightsFromDisk, UpdateWeightsResponse,
+    WeightVersion,
 };
 use crate::protocol::openai::{
     CompletionRequest, CompletionResponse, ErrorInfo, ModelCard, ModelList,
@@ -32,7 +33,7 @@ use crate::protocol::openai::{
 use crate::protocol::sglang::{self, GenerateOutput, GenerateRequest};
 use crate::protocol::{parse_body, FieldError};
 use crate::request::{Limits, Tokens};
-use crate::worker::{Command, JobResult, Pause, Worker};
+use crate::worker::{Command, JobResult, Pause, UnknownAdapter, Worker};
 use crate::{Error, Result};
 
 /// Settings of `rlreplay serve`.
@@ -50,7 +51,7 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Which distribution returned log-probs are of.
     pub logprobs_mode: LogprobMode,
-    /// Sequences decoded together at most.
+    /// Sequences of one served model (the base model or an adapter) decoded together at most.
     pub max_num_seqs: usize,
     /// Longest prompt plus completion (default: the model's `max_position_embeddings`).
     pub max_model_len: Option<usize>,
@@ -75,6 +76,9 @@ pub struct ServeConfig {
     pub header_read_timeout: Duration,
     /// A connection with no request in flight and no traffic for this long is closed.
     pub idle_timeout: Duration,
+    /// LoRA adapters served next to the base model from the start: name and PEFT adapter
+    /// directory. Each holds a copy of the base weights with the adapter merged.
+    pub adapters: Vec<(String, PathBuf)>,
 }
 
 impl ServeConfig {
@@ -101,7 +105,15 @@ impl ServeConfig {
             max_connections: 512,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
+            adapters: Vec::new(),
         }
+    }
+
+    /// The name requests give for the base model: `served_model_name`, else the model path.
+    pub fn model_name(&self) -> String {
+        self.served_model_name
+            .clone()
+            .unwrap_or_else(|| self.model.display().to_string())
     }
 }
 
@@ -143,6 +155,18 @@ impl ServeConfig {
                 self.max_connections
             )));
         }
+        let base = self.model_name();
+        let mut names = std::collections::HashSet::new();
+        for (name, dir) in &self.adapters {
+            check_adapter_name(name, &base).map_err(Error::Config)?;
+            if !names.insert(name) {
+                return Err(Error::Config(format!(
+                    "two adapters are named `{name}` (--adapter / --lora-modules); the second is \
+                     {}",
+                    dir.display()
+                )));
+            }
+        }
         for (name, flag, d) in [
             (
                 "header_read_timeout",
@@ -161,6 +185,19 @@ impl ServeConfig {
     }
 }
 
+/// Refuses an adapter name requests could not select: empty, or the base model's name.
+fn check_adapter_name(name: &str, base: &str) -> std::result::Result<(), String> {
+    if name.is_empty() {
+        return Err("an adapter name must not be empty".into());
+    }
+    if name == base {
+        return Err(format!(
+            "the adapter name `{name}` is the base model's name: requests could not select it"
+        ));
+    }
+    Ok(())
+}
+
 /// Most alternatives per token in `logprobs` / `top_logprobs_num` (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
 
@@ -172,9 +209,11 @@ struct AppState {
     cfg: ServeConfig,
     model_config: ModelConfig,
     model_path: Arc<Mutex<String>>,
+    /// The served LoRA adapters: name to directory.
+    adapters: Mutex<BTreeMap<String, String>>,
     next_id: AtomicU64,
     started: u64,
-    /// Serialises weight updates.
+    /// Serialises weight updates and adapter loads and unloads.
     update: tokio::sync::Mutex<()>,
 }
 
@@ -190,6 +229,64 @@ impl AppState {
         self.send(cmd(tx))?;
         rx.await
             .map_err(|_| ApiError::internal("the engine thread has stopped"))
+    }
+
+    /// The served adapters: name to directory.
+    fn adapters(&self) -> BTreeMap<String, String> {
+        self.adapters.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// The base model's name.
+    fn model_name(&self) -> String {
+        self.limits.model_name.clone().unwrap_or_default()
+    }
+
+    /// The adapter a completions request's `model` selects: `None` for the base model (or no
+    /// name); an unknown name is a 404 naming it, as vLLM answers.
+    fn resolve_model(&self, model: Option<&str>) -> std::result::Result<Option<String>, ApiError> {
+        let base = self.model_name();
+        match model {
+            None => Ok(None),
+            Some(m) if m == base => Ok(None),
+            Some(m) if self.adapters().contains_key(m) => Ok(Some(m.to_owned())),
+            Some(m) => Err(ApiError::bad(FieldError::new(
+                "model",
+                format!(
+                    "the model `{m}` does not exist (this server serves `{base}`{})",
+                    self.adapter_list(" and the LoRA adapters ")
+                ),
+            ))),
+        }
+    }
+
+    /// The adapter a generate request's `lora_path` names, when it is served: a 400 otherwise.
+    fn resolve_lora_path(
+        &self,
+        name: Option<String>,
+    ) -> std::result::Result<Option<String>, ApiError> {
+        match name {
+            Some(n) if !self.adapters().contains_key(&n) => Err(ApiError::bad(FieldError::new(
+                "lora_path",
+                format!(
+                    "the LoRA adapter `{n}` is not loaded (loaded: {})",
+                    match self.adapter_list("") {
+                        l if l.is_empty() => "none".into(),
+                        l => l,
+                    }
+                ),
+            ))),
+            other => Ok(other),
+        }
+    }
+
+    /// `` `a`, `b` `` after `lead`, or nothing without adapters.
+    fn adapter_list(&self, lead: &str) -> String {
+        let names: Vec<String> = self.adapters().keys().map(|n| format!("`{n}`")).collect();
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!("{lead}{}", names.join(", "))
+        }
     }
 }
 
@@ -230,6 +327,18 @@ fn load_decoder(dir: &Path, dtype: DType) -> Result<(ModelConfig, Decoder)> {
     Ok((cfg, decoder))
 }
 
+/// Loads the base weights of `base` with the PEFT adapter of `adapter` merged, for decoding: the
+/// samples are those of a [`Decoder`] of the base model with [`Model::load_adapter`]. A bad
+/// adapter is an [`Error::Adapter`] naming the file, tensor, module and shapes.
+pub fn load_adapter_decoder(base: &Path, adapter: &Path, dtype: DType) -> Result<Decoder> {
+    let mut model = Model::load(base, dtype, &Device::Cpu)
+        .map_err(|e| Error::Model(format!("loading the base model {}: {e}", base.display())))?;
+    model
+        .load_adapter(adapter)
+        .map_err(|e| Error::Adapter(format!("{}: {e}", adapter.display())))?;
+    Decoder::new(&model).map_err(|e| Error::Model(format!("preparing the decoder: {e}")))
+}
+
 /// A server bound to its address, not yet serving.
 pub struct BoundServer {
     listener: tokio::net::TcpListener,
@@ -265,10 +374,7 @@ impl BoundServer {
             .max_model_len
             .unwrap_or(model_config.max_position_embeddings)
             .min(model_config.max_position_embeddings);
-        let model_name = cfg
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| cfg.model.display().to_string());
+        let model_name = cfg.model_name();
         let limits = Limits {
             vocab_size: model_config.vocab_size,
             max_model_len,
@@ -281,13 +387,21 @@ impl BoundServer {
         };
         let model_path = Arc::new(Mutex::new(cfg.model.display().to_string()));
         let (tx, rx) = mpsc::channel();
-        let w = Worker::new(
+        let mut w = Worker::new(
             decoder,
             cfg.max_num_seqs,
             cfg.logprobs_mode,
             cfg.weight_version.clone(),
             model_path.clone(),
         );
+        let mut adapters = BTreeMap::new();
+        for (name, dir) in &cfg.adapters {
+            let decoder = load_adapter_decoder(&cfg.model, dir, cfg.dtype).map_err(|e| {
+                Error::Adapter(format!("adapter `{name}` ({}): {e}", dir.display()))
+            })?;
+            w.add_adapter(name.clone(), Box::new(decoder));
+            adapters.insert(name.clone(), dir.display().to_string());
+        }
         let worker = std::thread::Builder::new()
             .name("rlreplay-engine".into())
             .spawn(move || w.run(rx))
@@ -312,6 +426,7 @@ impl BoundServer {
             tokens: Tokens::new(tokenizer),
             model_config,
             model_path,
+            adapters: Mutex::new(adapters),
             next_id: AtomicU64::new(0),
             started: now(),
             update: tokio::sync::Mutex::new(()),
@@ -446,6 +561,10 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/generate", post(generate))
         .route("/update_weights_from_disk", post(update_weights_from_disk))
         .route("/update_weights", post(update_weights))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+        .route("/load_lora_adapter", post(load_lora_adapter))
+        .route("/unload_lora_adapter", post(unload_lora_adapter))
         .route("/pause_generation", post(pause_generation))
         .route("/continue_generation", post(continue_generation))
         .route("/pause", post(pause))
@@ -578,6 +697,22 @@ handler!(pause, pause_inner, q: Query<HashMap<String, String>>);
 handler!(resume, resume_inner);
 handler!(get_server_info, server_info_inner);
 
+/// `POST /v1/load_lora_adapter` and `/load_lora_adapter`.
+async fn load_lora_adapter(State(s): State<Arc<AppState>>, uri: Uri, body: Body) -> Response {
+    match load_adapter_inner(&s, &uri, body).await {
+        Ok(r) => r,
+        Err(e) => e.render(uri.path()),
+    }
+}
+
+/// `POST /v1/unload_lora_adapter` and `/unload_lora_adapter`.
+async fn unload_lora_adapter(State(s): State<Arc<AppState>>, uri: Uri, body: Body) -> Response {
+    match unload_adapter_inner(&s, &uri, body).await {
+        Ok(r) => r,
+        Err(e) => e.render(uri.path()),
+    }
+}
+
 /// Cancels a submitted job when its request goes away before the result.
 struct CancelOnDrop<'a> {
     state: &'a AppState,
@@ -593,14 +728,22 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
-/// Submits a job and waits for it.
+/// Submits a job on the base model or `adapter` and waits for it. An adapter unloaded before
+/// the job starts is an error of field `param`.
 async fn run_job(
     state: &AppState,
     job: Arc<crate::request::Job>,
+    adapter: Option<String>,
+    param: &str,
 ) -> std::result::Result<(u64, JobResult), ApiError> {
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
-    state.send(Command::Submit { id, job, reply: tx })?;
+    state.send(Command::Submit {
+        id,
+        job,
+        adapter,
+        reply: tx,
+    })?;
     let mut guard = CancelOnDrop {
         state,
         id,
@@ -610,23 +753,32 @@ async fn run_job(
         .await
         .map_err(|_| ApiError::internal("the engine thread has stopped"))?;
     guard.armed = false;
-    Ok((id, result))
+    match result {
+        Ok(r) => Ok((id, r)),
+        Err(UnknownAdapter(name)) => Err(ApiError::bad(FieldError::new(
+            param,
+            format!("the LoRA adapter `{name}` was unloaded before the request started"),
+        ))),
+    }
 }
 
 async fn completions_inner(state: &AppState, body: Body) -> Reply {
     let bytes = read_body(state, body).await?;
-    let req: CompletionRequest = parse(&bytes, false)?;
+    let mut req: CompletionRequest = parse(&bytes, false)?;
+    // The base model's name is checked here with the adapters' (`to_job` knows only the base).
+    let model = req.model.take();
+    let adapter = state.resolve_model(model.as_deref())?;
     let job = Arc::new(
         req.to_job(&state.limits, &state.tokens)
             .map_err(ApiError::bad)?,
     );
     let created = now();
-    let (id, result) = run_job(state, job.clone()).await?;
+    let (id, result) = run_job(state, job.clone(), adapter.clone(), "model").await?;
     let rid = req
         .request_id
         .clone()
         .unwrap_or_else(|| format!("cmpl-{id:016x}{:016x}", rand::random::<u64>()));
-    let model = state.limits.model_name.clone().unwrap_or_default();
+    let model = adapter.unwrap_or_else(|| state.model_name());
     json(&CompletionResponse::new(
         &req,
         &job,
@@ -645,7 +797,11 @@ async fn generate_inner(state: &AppState, body: Body) -> Reply {
         req.to_job(&state.limits, &state.tokens)
             .map_err(ApiError::bad)?,
     );
-    let (id, result) = run_job(state, job.clone()).await?;
+    let adapter = req
+        .adapter(job.prompts.len())
+        .map_err(ApiError::bad)
+        .and_then(|a| state.resolve_lora_path(a))?;
+    let (id, result) = run_job(state, job.clone(), adapter, "lora_path").await?;
     let fallback = format!("{id:x}");
     let n = job.n;
     let outputs: Vec<GenerateOutput> = result
@@ -699,21 +855,34 @@ async fn run_update(
     let dir = PathBuf::from(&path);
     let dtype = state.cfg.dtype;
     let served = state.model_config.clone();
+    let adapters = state.adapters();
     state
         .ask(|reply| Command::BeginUpdate { abort, reply })
         .await?;
     let loaded = tokio::task::spawn_blocking(move || {
         let (cfg, decoder) = load_decoder(&dir, dtype)?;
         check_same_architecture(&served, &cfg)?;
-        Ok::<_, Error>(decoder)
+        // The served adapters, merged into the new weights.
+        let mut merged = Vec::with_capacity(adapters.len());
+        for (name, adapter) in adapters {
+            let d = load_adapter_decoder(&dir, Path::new(&adapter), dtype).map_err(|e| {
+                Error::Adapter(format!(
+                    "the served LoRA adapter `{name}` does not load onto the new weights (unload \
+                     it first): {e}"
+                ))
+            })?;
+            merged.push((name, Box::new(d)));
+        }
+        Ok::<_, Error>((decoder, merged))
     })
     .await
     .map_err(|e| ApiError::internal(format!("the loading task failed: {e}")))?;
     match loaded {
-        Ok(decoder) => {
+        Ok((decoder, adapters)) => {
             let held = state
                 .ask(|reply| Command::Swap {
                     decoder: Box::new(decoder),
+                    adapters,
                     model_path: path,
                     version: version.clone(),
                     reply,
@@ -896,20 +1065,175 @@ async fn get_model_info(State(s): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// The base model, then every adapter (by name, `parent` the base model), as vLLM lists them.
 async fn models(State(s): State<Arc<AppState>>) -> Response {
-    let name = s.limits.model_name.clone().unwrap_or_default();
+    let name = s.model_name();
+    let card = |id: String, root: String, parent: Option<String>| ModelCard {
+        id,
+        object: "model".into(),
+        created: s.started,
+        owned_by: "rlreplay".into(),
+        root: Some(root),
+        parent,
+        max_model_len: Some(s.limits.max_model_len),
+    };
+    let mut data = vec![card(name.clone(), s.cfg.model.display().to_string(), None)];
+    for (adapter, dir) in s.adapters() {
+        data.push(card(adapter, dir, Some(name.clone())));
+    }
     Json(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: name.clone(),
-            object: "model".into(),
-            created: s.started,
-            owned_by: "rlreplay".into(),
-            root: Some(s.cfg.model.display().to_string()),
-            max_model_len: Some(s.limits.max_model_len),
-        }],
+        data,
     })
     .into_response()
+}
+
+/// Whether `path` is one of vLLM's endpoints (plain-text answers, vLLM's error envelope).
+fn is_vllm(path: &str) -> bool {
+    path.starts_with("/v1/")
+}
+
+/// The answer of a LoRA endpoint: vLLM's plain-text message, or SGLang's
+/// [`LoraUpdateResult`] (errors of vLLM's endpoints are rendered by the handler).
+fn lora_answer(state: &AppState, uri: &Uri, message: String) -> Reply {
+    if is_vllm(uri.path()) {
+        Ok((StatusCode::OK, message).into_response())
+    } else {
+        json(&LoraUpdateResult {
+            success: true,
+            error_message: None,
+            loaded_adapters: state.adapters(),
+        })
+    }
+}
+
+/// A failed LoRA request: vLLM's error envelope, or SGLang's [`LoraUpdateResult`] with
+/// `success: false` (status 400).
+fn lora_failure(state: &AppState, uri: &Uri, e: ApiError) -> Reply {
+    if is_vllm(uri.path()) {
+        return Err(e);
+    }
+    Ok((
+        StatusCode::BAD_REQUEST,
+        Json(LoraUpdateResult {
+            success: false,
+            error_message: Some(e.message),
+            loaded_adapters: state.adapters(),
+        }),
+    )
+        .into_response())
+}
+
+/// `POST /v1/load_lora_adapter` and `/load_lora_adapter`: builds the adapter's decoder off the
+/// engine thread, then serves it (in a task of its own, as a weight update).
+async fn load_adapter_inner(state: &Arc<AppState>, uri: &Uri, body: Body) -> Reply {
+    let bytes = read_body(state, body).await?;
+    let req: LoadLoraAdapter = parse(&bytes, false)?;
+    let s = state.clone();
+    let answer = tokio::spawn(async move { load_adapter_task(&s, req).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("the adapter loading task failed: {e}")))?;
+    match answer {
+        Ok(message) => lora_answer(state, uri, message),
+        Err(e) => lora_failure(state, uri, e),
+    }
+}
+
+/// The body of [`load_adapter_inner`]: the success message, or the error.
+async fn load_adapter_task(
+    state: &AppState,
+    req: LoadLoraAdapter,
+) -> std::result::Result<String, ApiError> {
+    let name = req.lora_name;
+    if name.is_empty() || req.lora_path.is_empty() {
+        return Err(ApiError::bad(FieldError::new(
+            if name.is_empty() {
+                "lora_name"
+            } else {
+                "lora_path"
+            },
+            "both lora_name and lora_path must be given",
+        )));
+    }
+    check_adapter_name(&name, &state.model_name())
+        .map_err(|m| ApiError::bad(FieldError::new("lora_name", m)))?;
+    let _one_at_a_time = state.update.lock().await;
+    if !req.load_inplace.unwrap_or(false) && state.adapters().contains_key(&name) {
+        return Err(ApiError::bad(FieldError::new(
+            "lora_name",
+            format!(
+                "the LoRA adapter `{name}` has already been loaded (send load_inplace: true to \
+                 replace it)"
+            ),
+        )));
+    }
+    let base = PathBuf::from(
+        state
+            .model_path
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default(),
+    );
+    let dir = PathBuf::from(&req.lora_path);
+    let dtype = state.cfg.dtype;
+    let decoder = tokio::task::spawn_blocking(move || load_adapter_decoder(&base, &dir, dtype))
+        .await
+        .map_err(|e| ApiError::internal(format!("the adapter loading task failed: {e}")))?
+        .map_err(|e| {
+            ApiError::bad(FieldError::new(
+                "lora_path",
+                format!("cannot load the LoRA adapter `{name}`: {e}"),
+            ))
+        })?;
+    let replaced = state
+        .ask(|reply| Command::LoadAdapter {
+            name: name.clone(),
+            decoder: Box::new(decoder),
+            reply,
+        })
+        .await?;
+    if let Ok(mut a) = state.adapters.lock() {
+        a.insert(name.clone(), req.lora_path);
+    }
+    Ok(if replaced {
+        format!("Success: LoRA adapter '{name}' replaced successfully.")
+    } else {
+        format!("Success: LoRA adapter '{name}' added successfully.")
+    })
+}
+
+/// `POST /v1/unload_lora_adapter` and `/unload_lora_adapter`.
+async fn unload_adapter_inner(state: &Arc<AppState>, uri: &Uri, body: Body) -> Reply {
+    let bytes = read_body(state, body).await?;
+    let req: UnloadLoraAdapter = parse(&bytes, false)?;
+    let name = req.lora_name;
+    let found = {
+        let _one_at_a_time = state.update.lock().await;
+        let found = state
+            .ask(|reply| Command::UnloadAdapter {
+                name: name.clone(),
+                reply,
+            })
+            .await?;
+        if let Ok(mut a) = state.adapters.lock() {
+            a.remove(&name);
+        }
+        found
+    };
+    if found {
+        lora_answer(
+            state,
+            uri,
+            format!("Success: LoRA adapter '{name}' removed successfully."),
+        )
+    } else {
+        let e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            Some("lora_name".into()),
+            format!("the LoRA adapter `{name}` cannot be found"),
+        );
+        lora_failure(state, uri, e)
+    }
 }
 
 async fn flush_cache() -> &'static str {

@@ -1,5 +1,6 @@
 //! `rlreplay serve`: the sampling engine as an HTTP server speaking the vLLM completions and
-//! SGLang generate protocols, with weight updates from disk.
+//! SGLang generate protocols, with weight updates from disk and LoRA adapters served next to the
+//! base model.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,7 +37,8 @@ pub struct Args {
     /// unscaled logits).
     #[arg(long, default_value = "processed", value_parser = parse_mode)]
     logprobs_mode: LogprobMode,
-    /// Sequences decoded together at most; a request with more samples is decoded in turns.
+    /// Sequences decoded together at most (per served model: the base and each adapter); a
+    /// request with more samples is decoded in turns.
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
     /// Most prompts in one request (more: 400).
@@ -71,6 +73,66 @@ pub struct Args {
     /// Compute dtype: f32 or bf16.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: DType,
+    /// A PEFT LoRA adapter directory to serve next to the base model, as `DIR` (named by the
+    /// directory's last component) or `NAME=DIR`; repeatable. Requests select it by name
+    /// (`model` in completions, `lora_path` in generate). Each adapter holds a copy of the base
+    /// weights with the adapter merged.
+    #[arg(long, value_name = "[NAME=]DIR")]
+    adapter: Vec<String>,
+    /// vLLM's spelling of --adapter: `NAME=PATH` or vLLM's JSON
+    /// `{"name": ..., "path": ...}`; several may follow one flag.
+    #[arg(long, value_name = "NAME=PATH", num_args = 1..)]
+    lora_modules: Vec<String>,
+    /// SGLang's spelling of --adapter: `NAME=PATH`, `PATH` or SGLang's JSON
+    /// `{"lora_name": ..., "lora_path": ...}`; several may follow one flag.
+    #[arg(long, value_name = "NAME=PATH", num_args = 1..)]
+    lora_paths: Vec<String>,
+    /// Accepted for compatibility with vLLM and SGLang command lines: adapters are always
+    /// enabled.
+    #[arg(long)]
+    enable_lora: bool,
+}
+
+/// One adapter argument: `NAME=DIR`, `DIR` (named by its last component, or by the whole path
+/// as SGLang names it when `name_is_path`), or the JSON objects vLLM (`name`, `path`) and SGLang
+/// (`lora_name`, `lora_path`) accept.
+fn parse_adapter(arg: &str, name_is_path: bool) -> Result<(String, PathBuf)> {
+    let arg = arg.trim();
+    if arg.starts_with('{') {
+        let v: serde_json::Value =
+            serde_json::from_str(arg).with_context(|| format!("adapter {arg}: invalid JSON"))?;
+        let field = |keys: [&str; 2]| {
+            keys.iter()
+                .find_map(|k| v.get(k).and_then(|x| x.as_str()))
+                .map(str::to_owned)
+        };
+        let name = field(["name", "lora_name"]);
+        let path = field(["path", "lora_path"]);
+        return match (name, path) {
+            (Some(n), Some(p)) => Ok((n, PathBuf::from(p))),
+            _ => Err(anyhow!(
+                "adapter {arg}: expected {{\"name\": ..., \"path\": ...}} (or lora_name, lora_path)"
+            )),
+        };
+    }
+    if let Some((name, dir)) = arg.split_once('=') {
+        if name.is_empty() || dir.is_empty() {
+            return Err(anyhow!("adapter {arg}: expected NAME=DIR"));
+        }
+        return Ok((name.to_owned(), PathBuf::from(dir)));
+    }
+    let dir = PathBuf::from(arg);
+    if name_is_path {
+        return Ok((arg.to_owned(), dir));
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            anyhow!("adapter {arg}: no directory name to serve it under (use NAME=DIR)")
+        })?;
+    Ok((name, dir))
 }
 
 fn parse_mode(s: &str) -> Result<LogprobMode, String> {
@@ -92,7 +154,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             usize::MAX >> 20
         )
     })?;
+    let adapters = (args.adapter.iter().chain(&args.lora_modules))
+        .map(|a| parse_adapter(a, false))
+        .chain(args.lora_paths.iter().map(|a| parse_adapter(a, true)))
+        .collect::<Result<Vec<_>>>()?;
+    let _ = args.enable_lora;
     let cfg = ServeConfig {
+        adapters,
         tokenizer: args.tokenizer,
         host: args.host,
         port: args.port,
@@ -112,11 +180,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         ..ServeConfig::new(&args.model)
     };
     let mode = format!("{:?}", cfg.logprobs_mode).to_lowercase();
+    let names: Vec<String> = cfg.adapters.iter().map(|(n, _)| n.clone()).collect();
     let server = BoundServer::bind(cfg).context("starting the server")?;
     let addr = server.local_addr()?;
     eprintln!(
-        "rlreplay serve: listening on http://{addr} (model {}, {mode} log-probs)",
-        args.model.display()
+        "rlreplay serve: listening on http://{addr} (model {}, {mode} log-probs{})",
+        args.model.display(),
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(", LoRA adapters {}", names.join(", "))
+        }
     );
     server.serve_until(rlreplay_serve::server::shutdown_signal())?;
     eprintln!("rlreplay serve: stopped");

@@ -87,3 +87,94 @@ fn limits_the_server_cannot_serve_with_are_refused_at_start() {
         assert!(!err.contains("listening"), "{flag} {value}: {err}");
     }
 }
+
+/// A PEFT adapter of rank 2 on the attention projections of the model saved in `base`, with a
+/// non-zero `lora_B`, saved into `dir`.
+fn save_adapter(base: &std::path::Path, dir: &std::path::Path) {
+    let mut m = Model::load(base, DType::F32, &Device::Cpu).unwrap();
+    let cfg = rlreplay_model::LoraConfig::new(2, 4.0, &["q_proj", "v_proj"]).unwrap();
+    m.add_lora(cfg, 1).unwrap();
+    for i in 0..m.params().len() {
+        let n = m.params()[i].var.elem_count();
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|j| (0.05 * ((i * 13 + j * 7) as f32 * 0.37).sin()).to_le_bytes())
+            .collect();
+        m.set_weight_bytes(i, DType::F32, &bytes).unwrap();
+    }
+    m.save_adapter(dir, "base").unwrap();
+}
+
+#[test]
+fn serve_serves_the_adapters_of_its_flags_in_every_spelling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, pol) = (tmp.path().join("base"), tmp.path().join("pol"));
+    Model::new_random(ModelConfig::tiny(), 1, DType::F32, &Device::Cpu)
+        .unwrap()
+        .save_hf(&base)
+        .unwrap();
+    save_adapter(&base, &pol);
+    let p = pol.to_str().unwrap();
+    let json = format!("{{\"name\": \"c\", \"path\": {p:?}}}");
+    let (mut child, url) = common::serve(&[
+        "--model",
+        base.to_str().unwrap(),
+        "--served-model-name",
+        "base",
+        "--enable-lora",
+        "--adapter",
+        p,
+        "--lora-modules",
+        &format!("b={p}"),
+        &json,
+    ]);
+    let models: serde_json::Value = ureq::get(&format!("{url}/v1/models"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["base", "b", "c", "pol"]);
+    let tokens = |model: &str| -> serde_json::Value {
+        let r: serde_json::Value = ureq::post(&format!("{url}/v1/completions"))
+            .send_json(serde_json::json!({"model": model, "prompt": [1, 2, 3],
+                "max_tokens": 8, "seed": 0, "return_token_ids": true, "logprobs": 0}))
+            .unwrap()
+            .into_json()
+            .unwrap();
+        r["choices"][0]["logprobs"]["token_logprobs"].clone()
+    };
+    // One adapter under three names samples one thing; the base model another.
+    assert_eq!(tokens("pol"), tokens("b"));
+    assert_eq!(tokens("pol"), tokens("c"));
+    assert_ne!(tokens("pol"), tokens("base"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Bad adapter flags stop the start, naming the adapter.
+    for (flags, named) in [
+        (vec!["--lora-modules", "=x"], "NAME=DIR"),
+        (vec!["--lora-modules", "{\"name\": \"x\"}"], "\"path\""),
+        (
+            vec!["--adapter", "missing=/nonexistent"],
+            "adapter `missing`",
+        ),
+        (
+            vec!["--adapter", p, "--adapter", p],
+            "two adapters are named `pol`",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_rlreplay"))
+            .args(["serve", "--model", base.to_str().unwrap(), "--port", "0"])
+            .args(&flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{flags:?}: {err}");
+        assert!(err.contains(named), "{flags:?}: {err}");
+        assert!(!err.contains("listening"), "{flags:?}: {err}");
+    }
+}

@@ -1,7 +1,10 @@
-//! Weight updates, pausing and server information: SGLang's endpoints
-//! (`/update_weights_from_disk`, `/pause_generation`, `/continue_generation`,
-//! `/get_weight_version`, `/get_model_info`) and prime-rl's aliases (`/update_weights`, `/pause`,
-//! `/resume`).
+//! Weight updates, LoRA adapters, pausing and server information: SGLang's endpoints
+//! (`/update_weights_from_disk`, `/load_lora_adapter`, `/unload_lora_adapter`,
+//! `/pause_generation`, `/continue_generation`, `/get_weight_version`, `/get_model_info`), vLLM's
+//! (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`) and prime-rl's aliases
+//! (`/update_weights`, `/pause`, `/resume`).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -145,4 +148,50 @@ pub struct ServerInfo {
     pub paused: bool,
     /// Weight updates done.
     pub weight_updates: u64,
+}
+
+/// `POST /v1/load_lora_adapter` (vLLM's `LoadLoRAAdapterRequest`) and `POST /load_lora_adapter`
+/// (SGLang's `LoadLoRAAdapterReqInput`): serve the PEFT adapter directory `lora_path` under
+/// `lora_name`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadLoraAdapter {
+    /// The name requests select the adapter by (`model` in completions, `lora_path` in generate).
+    pub lora_name: String,
+    /// A PEFT adapter directory (`adapter_config.json`, `adapter_model.safetensors`).
+    pub lora_path: String,
+    /// vLLM's: replace an adapter already loaded under `lora_name` (without it that is a 400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_inplace: Option<bool>,
+    /// SGLang's: accepted for compatibility (every adapter stays in memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<bool>,
+    /// SGLang's: accepted for compatibility.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_id: Option<String>,
+}
+
+/// `POST /v1/unload_lora_adapter` and `POST /unload_lora_adapter`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnloadLoraAdapter {
+    /// The adapter's name.
+    pub lora_name: String,
+    /// SGLang's: accepted for compatibility.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_id: Option<String>,
+}
+
+/// SGLang's answer to `/load_lora_adapter` and `/unload_lora_adapter` (200 on success, 400 with
+/// `success: false` otherwise). vLLM's endpoints answer a plain-text message instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoraUpdateResult {
+    /// Whether the adapter was loaded (or unloaded).
+    pub success: bool,
+    /// Why not, on failure.
+    #[serde(default)]
+    pub error_message: Option<String>,
+    /// Every adapter served afterwards: name to directory.
+    #[serde(default)]
+    pub loaded_adapters: BTreeMap<String, String>,
 }

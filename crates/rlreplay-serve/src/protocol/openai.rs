@@ -22,7 +22,7 @@ sampling_request! {
     #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub struct CompletionRequest {
-        /// Served model name (checked when given).
+        /// Served model name (checked when given): the base model's or a LoRA adapter's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub model: Option<String>,
         /// Token ids (`[int]` or `[[int]]`) or text.
@@ -353,8 +353,11 @@ pub struct ModelCard {
     pub created: u64,
     /// Always `rlreplay`.
     pub owned_by: String,
-    /// The model path.
+    /// The model path (an adapter's directory for an adapter).
     pub root: Option<String>,
+    /// For a LoRA adapter, the base model's name; `null` for the base model.
+    #[serde(default)]
+    pub parent: Option<String>,
     /// The longest prompt plus completion.
     pub max_model_len: Option<usize>,
 }

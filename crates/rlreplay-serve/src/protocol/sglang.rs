@@ -45,6 +45,10 @@ pub struct GenerateRequest {
     /// Request ids, echoed in `meta_info.id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rid: Option<OneOrMany<String>>,
+    /// The LoRA adapter to generate with, by name (one for all prompts; a per-prompt list must
+    /// name the same adapter for every prompt); absent or `null`: the base model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_path: Option<OneOrMany<Option<String>>>,
 }
 
 sampling_request! {
@@ -237,6 +241,26 @@ impl GenerateRequest {
             n,
             top_logprobs: return_logprob.then_some(top),
         })
+    }
+
+    /// The adapter named by `lora_path` for the request's `count` prompts (`None`: the base
+    /// model); a list naming different adapters is an error naming the field.
+    pub fn adapter(&self, count: usize) -> Result<Option<String>, FieldError> {
+        let Some(v) = &self.lora_path else {
+            return Ok(None);
+        };
+        let names = (0..count)
+            .map(|i| v.get(i, count))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| FieldError::new("lora_path", e))?;
+        match names.split_first() {
+            Some((first, rest)) if rest.iter().any(|n| n != first) => Err(FieldError::new(
+                "lora_path",
+                "must name the same adapter for every prompt of a request",
+            )),
+            Some((first, _)) => Ok(first.clone()),
+            None => Ok(None),
+        }
     }
 
     /// The request id of prompt `p`, or a generated one.

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use rlreplay_model::generate::Decoder;
-use rlreplay_model::{DType, Device, Model, ModelConfig};
+use rlreplay_model::{DType, Device, LoraConfig, Model, ModelConfig};
 use rlreplay_serve::{BoundServer, ServeConfig, ServerHandle};
 use serde_json::Value;
 
@@ -39,6 +39,35 @@ pub fn qwen3_vocab_model(dir: &Path) -> Model {
             .expect("the Qwen3 tokenizer files (run scripts/install-tokenizer.sh)");
     }
     model
+}
+
+/// A LoRA adapter of rank `r` on `targets` for the model saved in `base`, with a non-zero
+/// `lora_B` drawn from `seed` (a fresh adapter's is zero), saved into `dir` as PEFT writes it.
+pub fn save_adapter(base: &Path, dir: &Path, r: usize, targets: &[&str], seed: u64) {
+    let mut m = Model::load(base, DType::F32, &Device::Cpu).unwrap();
+    m.add_lora(LoraConfig::new(r, 2.0 * r as f64, targets).unwrap(), seed)
+        .unwrap();
+    for i in 0..m.params().len() {
+        let p = m.params()[i].clone();
+        if p.name.contains("lora_B") {
+            let bytes: Vec<u8> = (0..p.var.elem_count())
+                .flat_map(|j| {
+                    let x = ((seed as usize * 31 + i * 13 + j * 7) as f32 * 0.37).sin();
+                    (0.05 * x).to_le_bytes()
+                })
+                .collect();
+            m.set_weight_bytes(i, DType::F32, &bytes).unwrap();
+        }
+    }
+    m.save_adapter(dir, &base.display().to_string()).unwrap();
+}
+
+/// The decoder of the model saved in `base` with the adapter of `adapter` loaded
+/// ([`Model::load_adapter`]): what a request on that adapter must sample.
+pub fn adapter_decoder(base: &Path, adapter: &Path) -> Decoder {
+    let mut m = Model::load(base, DType::F32, &Device::Cpu).unwrap();
+    m.load_adapter(adapter).unwrap();
+    Decoder::new(&m).unwrap()
 }
 
 /// Serves `model` on 127.0.0.1, any free port.

@@ -5,5 +5,6 @@
 
 mod common;
 mod isolation;
+mod lora;
 mod protocol;
 mod server;

@@ -4,7 +4,10 @@
 
 use std::path::PathBuf;
 
-use rlreplay_serve::protocol::control::{ModelInfo, UpdateWeightsFromDisk, UpdateWeightsResponse};
+use rlreplay_serve::protocol::control::{
+    LoadLoraAdapter, LoraUpdateResult, ModelInfo, UnloadLoraAdapter, UpdateWeightsFromDisk,
+    UpdateWeightsResponse,
+};
 use rlreplay_serve::protocol::openai::{
     parse_token_placeholder, CompletionRequest, CompletionResponse, ErrorResponse,
 };
@@ -130,6 +133,44 @@ fn sglang_request_and_response_fixtures_parse_and_write_back() {
     let up: UpdateWeightsFromDisk = round_trip("sglang_update_weights_from_disk_request.json");
     assert_eq!(up.weight_version.as_deref(), Some("12"));
     let _: UpdateWeightsResponse = round_trip("sglang_update_weights_from_disk_response.json");
+}
+
+#[test]
+fn lora_adapter_fixtures_parse_and_the_server_answers_in_their_shape() {
+    let load: LoadLoraAdapter = round_trip("vllm_load_lora_adapter_request.json");
+    assert_eq!(load.load_inplace, Some(true));
+    let load: LoadLoraAdapter = round_trip("sglang_load_lora_adapter_request.json");
+    assert_eq!(load.lora_name, "lora0");
+    let _: UnloadLoraAdapter = round_trip("sglang_unload_lora_adapter_request.json");
+    let result: LoraUpdateResult = round_trip("sglang_lora_update_result.json");
+    assert_eq!(result.loaded_adapters["lora0"], "/adapters/lora0");
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, adapter) = (tmp.path().join("base"), tmp.path().join("lora0"));
+    tiny_model(&base, 1);
+    save_adapter(&base, &adapter, 2, &["q_proj"], 1);
+    let server = serve(&base, |_| {});
+    let mut req = fixture("sglang_load_lora_adapter_request.json");
+    req["lora_path"] = json!(adapter);
+    let r = post(&server.url(), "/load_lora_adapter", &req);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let want = fixture("sglang_lora_update_result.json");
+    same_fields(&r.body, &want, "sglang load_lora_adapter");
+    let r = post(
+        &server.url(),
+        "/unload_lora_adapter",
+        &fixture("sglang_unload_lora_adapter_request.json"),
+    );
+    let mut unloaded = want.clone();
+    unloaded["loaded_adapters"] = json!({});
+    assert_eq!(r.body, unloaded);
+    let mut req = fixture("vllm_load_lora_adapter_request.json");
+    req["lora_path"] = json!(adapter);
+    let r = post(&server.url(), "/v1/load_lora_adapter", &req);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.body,
+        json!("Success: LoRA adapter 'sql_adapter' added successfully.")
+    );
 }
 
 #[test]

@@ -19,6 +19,16 @@
 //!   the update is dropped (it would serve stale weights). Older directories are removed once
 //!   every endpoint serves the new one. Before the first step the initial policy is sent the same
 //!   way, so the servers start from the trainer's weights.
+//! - **LoRA policies** (the policy carries adapters): only the adapter is written, as a PEFT
+//!   directory (`adapter_config.json`, `adapter_model.safetensors`) in the same `step_v` scheme
+//!   with its `STABLE` marker, and every endpoint loads it next to the base model it serves (which
+//!   must be the policy's base model): vLLM with `POST /v1/load_lora_adapter {lora_name:
+//!   "policy", lora_path, load_inplace: true}`, replacing the adapter in place under one name, as
+//!   verl and prime-rl drive vLLM; SGLang, which refuses a name already loaded, with
+//!   `POST /load_lora_adapter` under a name per version (`policy-v{v}`), the previous version's
+//!   adapter unloaded once the new one serves. Generation requests then select the adapter
+//!   (`model` for vLLM, `lora_path` for SGLang), and each sample records the version whose
+//!   adapter it asked for.
 //! - **Versions.** Each sample records the version its endpoint served: SGLang's
 //!   `meta_info.weight_version` when it is a number, else the version served when the request
 //!   was sent.
@@ -32,7 +42,10 @@ use std::time::Duration;
 use rlreplay_model::Model;
 use rlreplay_sampling::engine::Generation;
 use rlreplay_sampling::sampling::SamplingParams;
-use rlreplay_serve::protocol::control::{UpdateWeightsFromDisk, UpdateWeightsResponse};
+use rlreplay_serve::protocol::control::{
+    LoadLoraAdapter, LoraUpdateResult, UnloadLoraAdapter, UpdateWeightsFromDisk,
+    UpdateWeightsResponse,
+};
 use rlreplay_serve::protocol::openai::{parse_token_placeholder, CompletionRequest};
 use rlreplay_serve::protocol::sglang::{self, GenerateOutput, GenerateRequest};
 use rlreplay_serve::protocol::{OneOrMany, Prompt, STREAM_OFFSET_KEY};
@@ -46,6 +59,10 @@ pub const API_KEY_ENV: &str = "RLREPLAY_API_KEY";
 /// The marker written last into a weights directory: the directory is complete.
 pub const STABLE: &str = "STABLE";
 
+/// The name a LoRA policy's adapter is served under on vLLM endpoints (SGLang endpoints serve
+/// version `v` as `policy-v{v}`).
+pub const POLICY_ADAPTER: &str = "policy";
+
 /// Why a request failed.
 enum Failure {
     /// The server refused the request (4xx): retrying cannot help.
@@ -54,6 +71,14 @@ enum Failure {
     Down(String),
     /// The endpoint returned a sample that cannot be trained on.
     Invalid(String),
+}
+
+/// A request body as JSON.
+fn request_body<T: serde::Serialize>(v: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|source| Error::Json {
+        what: "the adapter request",
+        source,
+    })
 }
 
 /// One inference server.
@@ -145,6 +170,9 @@ pub struct Remote {
     invalid_samples: InvalidSamples,
     /// The version every live endpoint serves, once a sync installed it.
     served: Mutex<Option<u64>>,
+    /// The name of the LoRA adapter generation requests select, once a sync of a LoRA policy
+    /// loaded it on every live endpoint.
+    adapter: Mutex<Option<String>>,
 }
 
 impl Remote {
@@ -176,6 +204,7 @@ impl Remote {
             vocab,
             invalid_samples: r.invalid_samples,
             served: Mutex::new(None),
+            adapter: Mutex::new(None),
         }
     }
 
@@ -210,13 +239,32 @@ impl Remote {
         *self.served.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes the policy of `version` under `weights_dir` and has every live endpoint load it.
+    /// The LoRA adapter generation requests select, if any.
+    fn adapter(&self) -> Option<String> {
+        self.adapter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Writes the policy of `version` under `weights_dir` and has every live endpoint load it
+    /// (only its adapter, for a LoRA policy: see the module docs).
     pub fn sync(&self, version: u64, policy: &Model) -> Result<()> {
         if self.weight_sync == WeightSync::None {
             return Ok(());
         }
         let dir = self.weights_dir.join(format!("step_{version}"));
-        policy.save_hf(&dir).map_err(|source| Error::WritePolicy {
+        let lora = policy.lora_config().is_some();
+        let written = if lora {
+            let base = policy
+                .source_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            policy.save_adapter(&dir, &base)
+        } else {
+            policy.save_hf(&dir)
+        };
+        written.map_err(|source| Error::WritePolicy {
             dir: dir.clone(),
             source,
         })?;
@@ -226,6 +274,30 @@ impl Remote {
             .at("resolving", &dir)?
             .to_string_lossy()
             .into_owned();
+        if lora {
+            self.sync_adapter(version, path)?;
+        } else {
+            self.sync_weights(version, path)?;
+        }
+        *self.served.lock().unwrap_or_else(PoisonError::into_inner) = Some(version);
+        if let Ok(entries) = std::fs::read_dir(&self.weights_dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let old = name
+                    .strip_prefix("step_")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|v| v != version);
+                if old {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Has every live endpoint load the full weights of `path` as `version`; an endpoint that
+    /// fails is dropped.
+    fn sync_weights(&self, version: u64, path: String) -> Result<()> {
         let body = serde_json::to_value(UpdateWeightsFromDisk {
             model_path: path,
             weight_version: Some(version.to_string()),
@@ -260,17 +332,70 @@ impl Remote {
         if self.live().is_empty() {
             return Err(self.none_left());
         }
-        *self.served.lock().unwrap_or_else(PoisonError::into_inner) = Some(version);
-        if let Ok(entries) = std::fs::read_dir(&self.weights_dir) {
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let old = name
-                    .strip_prefix("step_")
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .is_some_and(|v| v != version);
-                if old {
-                    let _ = std::fs::remove_dir_all(e.path());
+        Ok(())
+    }
+
+    /// Has every live endpoint load the PEFT adapter directory `path` of `version` with its
+    /// protocol's `load_lora_adapter` (see the module docs); an endpoint that fails is dropped.
+    /// Generation requests select the adapter from then on.
+    fn sync_adapter(&self, version: u64, path: String) -> Result<()> {
+        let (name, load_url, inplace) = match self.protocol {
+            RolloutProtocol::Openai => (POLICY_ADAPTER.to_owned(), "/v1/load_lora_adapter", true),
+            RolloutProtocol::Sglang => (
+                format!("{POLICY_ADAPTER}-v{version}"),
+                "/load_lora_adapter",
+                false,
+            ),
+        };
+        let load = request_body(&LoadLoraAdapter {
+            lora_name: name.clone(),
+            lora_path: path,
+            load_inplace: inplace.then_some(true),
+            ..Default::default()
+        })?;
+        let unload = |n: &str| {
+            request_body(&UnloadLoraAdapter {
+                lora_name: n.to_owned(),
+                lora_id: None,
+            })
+        };
+        let previous = self.adapter();
+        for i in self.live() {
+            let base = &self.endpoints[i].url;
+            if self.protocol == RolloutProtocol::Sglang {
+                // A name left loaded by an earlier run (a resume) would be refused: unloaded
+                // first, whatever the answer.
+                let _ = self.send(&format!("{base}/unload_lora_adapter"), &unload(&name)?);
+            }
+            let url = format!("{base}{load_url}");
+            let answer = self.retrying(|| {
+                let text = self.send(&url, &load)?;
+                if self.protocol == RolloutProtocol::Sglang {
+                    let r: LoraUpdateResult = serde_json::from_str(&text)
+                        .map_err(|e| Failure::Down(format!("{url}: unexpected answer: {e}")))?;
+                    if !r.success {
+                        return Err(Failure::Down(format!(
+                            "{url}: loading the adapter failed: {}",
+                            r.error_message.unwrap_or_default()
+                        )));
+                    }
                 }
+                Ok(())
+            });
+            if let Err(Failure::Refused(m) | Failure::Down(m) | Failure::Invalid(m)) = answer {
+                self.endpoints[i].drop_with(m);
+            }
+        }
+        if self.live().is_empty() {
+            return Err(self.none_left());
+        }
+        *self.adapter.lock().unwrap_or_else(PoisonError::into_inner) = Some(name.clone());
+        if let Some(old) = previous.filter(|p| *p != name) {
+            for i in self.live() {
+                let url = format!("{}/unload_lora_adapter", self.endpoints[i].url);
+                // The old adapter only takes memory now: a failure to unload it is no reason to
+                // drop the endpoint.
+                let _ = self.send(&url, &unload(&old)?);
             }
         }
         Ok(())
@@ -362,6 +487,7 @@ impl Remote {
         });
         let top_k = if p.top_k == 0 { -1 } else { p.top_k as i64 };
         let batch = Prompt::Batch(prompts.to_vec());
+        let adapter = self.adapter();
         let (url, body) = match self.protocol {
             RolloutProtocol::Openai => (
                 format!("{base}/v1/completions"),
@@ -379,6 +505,7 @@ impl Remote {
                     return_tokens_as_token_ids: Some(true),
                     return_token_ids: Some(true),
                     vllm_xargs: extra,
+                    model: adapter.clone(),
                     ..Default::default()
                 }),
             ),
@@ -398,6 +525,7 @@ impl Remote {
                         ..Default::default()
                     })),
                     return_logprob: Some(OneOrMany::One(true)),
+                    lora_path: adapter.clone().map(|a| OneOrMany::One(Some(a))),
                     ..Default::default()
                 }),
             ),
@@ -432,20 +560,27 @@ impl Remote {
         }
     }
 
-    /// POSTs `body` once.
+    /// POSTs `body` once; the answer as JSON.
     fn post(
         &self,
         url: &str,
         body: &serde_json::Value,
     ) -> std::result::Result<serde_json::Value, Failure> {
+        let text = self.send(url, body)?;
+        serde_json::from_str(&text)
+            .map_err(|e| Failure::Down(format!("{url}: the answer is not JSON: {e}")))
+    }
+
+    /// POSTs `body` once; the answer as text (vLLM answers the adapter endpoints in plain text).
+    fn send(&self, url: &str, body: &serde_json::Value) -> std::result::Result<String, Failure> {
         let mut req = self.agent.post(url);
         if let Some(k) = &self.api_key {
             req = req.set("Authorization", &format!("Bearer {k}"));
         }
         match req.send_json(body) {
             Ok(resp) => resp
-                .into_json()
-                .map_err(|e| Failure::Down(format!("{url}: the answer is not JSON: {e}"))),
+                .into_string()
+                .map_err(|e| Failure::Down(format!("{url}: the answer is unreadable: {e}"))),
             Err(ureq::Error::Status(code, resp)) => {
                 let text = resp.into_string().unwrap_or_default();
                 let text = text.trim();
@@ -583,6 +718,9 @@ impl Remote {
             });
             let version = match self.weight_sync {
                 WeightSync::None => None,
+                // The server's weight version is its base model's: an adapter's version is the
+                // one the request asked for.
+                WeightSync::Disk if self.adapter().is_some() => sent_at,
                 WeightSync::Disk => reported.or(sent_at),
             };
             out.versions.push(version);

@@ -325,3 +325,131 @@ fn samples_validate_would_refuse_are_never_trained_on() {
     }
     server.shutdown();
 }
+
+/// Sets every `lora_B` of `policy` to values drawn from `seed` (a fresh adapter's are zero).
+fn set_lora_b(policy: &mut rlreplay_model::Model, seed: u64) {
+    for i in 0..policy.params().len() {
+        let p = policy.params()[i].clone();
+        if p.name.contains("lora_B") {
+            let bytes: Vec<u8> = (0..p.var.elem_count())
+                .flat_map(|j| {
+                    let x = ((seed as usize * 31 + i * 13 + j * 7) as f32 * 0.37).sin();
+                    (0.05 * x).to_le_bytes()
+                })
+                .collect();
+            policy
+                .set_weight_bytes(i, rlreplay_model::DType::F32, &bytes)
+                .unwrap();
+        }
+    }
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_lora_policy_syncs_only_its_adapter_and_samples_what_the_engine_samples() {
+    use rlreplay_model::generate::Decoder;
+    use rlreplay_model::{DType, Device, LoraConfig, Model, ModelConfig};
+    use rlreplay_sampling::engine::generate;
+    use rlreplay_sampling::sampling::SamplingParams;
+    use rlreplay_train::config::{RolloutBackend, RolloutProtocol, RolloutSection};
+    use rlreplay_train::source::remote::Remote;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    let mut cfg = ModelConfig::tiny();
+    cfg.extra.insert("eos_token_id".into(), 7.into());
+    Model::new_random(cfg, 1, DType::F32, &Device::Cpu)
+        .unwrap()
+        .save_hf(&base)
+        .unwrap();
+    let server = serve(&base);
+    let mut policy = Model::load(&base, DType::F32, &Device::Cpu).unwrap();
+    let lora = LoraConfig::new(4, 8.0, &["q_proj", "v_proj", "up_proj"]).unwrap();
+    policy.add_lora(lora, 3).unwrap();
+    let prompts = vec![vec![1u32, 2, 3, 4], vec![9, 8]];
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 1.0,
+        top_k: 0,
+        max_new_tokens: 12,
+        stop_ids: vec![7],
+        seed: 5,
+    };
+    let local = |policy: &Model| {
+        generate(
+            &Decoder::new(policy).unwrap(),
+            &prompts,
+            2,
+            &params,
+            256,
+            |_| {},
+        )
+        .unwrap()
+    };
+    let full_bytes = dir_bytes(&base);
+    for protocol in [RolloutProtocol::Openai, RolloutProtocol::Sglang] {
+        let run = tempfile::tempdir().unwrap();
+        let section = RolloutSection {
+            backend: RolloutBackend::Remote,
+            endpoints: vec![server.url()],
+            protocol,
+            retries: 0,
+            ..Default::default()
+        };
+        let remote = Remote::new(&section, run.path(), 512);
+        let mut before = Vec::new();
+        for version in [1u64, 2] {
+            set_lora_b(&mut policy, version);
+            remote.sync(version, &policy).unwrap();
+            // Only the adapter is written, in the same atomic scheme with its marker.
+            let dir = run.path().join(format!("weights/step_{version}"));
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            files.sort();
+            assert_eq!(
+                files,
+                ["STABLE", "adapter_config.json", "adapter_model.safetensors"]
+            );
+            assert!(
+                dir_bytes(&dir) * 10 < full_bytes,
+                "{protocol:?}: {} bytes written for weights of {full_bytes}",
+                dir_bytes(&dir)
+            );
+            assert!(!run
+                .path()
+                .join(format!("weights/step_{}", version - 1))
+                .exists());
+            // The servers sample what the trainer's engine samples with the adapter.
+            let got = remote.generate(&prompts, 2, &params).unwrap();
+            let want = local(&policy);
+            assert_eq!(got.generations, want, "{protocol:?}, version {version}");
+            assert!(got.versions.iter().all(|&v| v == Some(version)));
+            assert_ne!(want, before, "the new adapter changes nothing");
+            before = want;
+        }
+    }
+    // The base model is still served unchanged to requests that name no adapter.
+    let plain = Model::load(&base, DType::F32, &Device::Cpu).unwrap();
+    let run = tempfile::tempdir().unwrap();
+    let section = RolloutSection {
+        backend: RolloutBackend::Remote,
+        endpoints: vec![server.url()],
+        weight_sync: rlreplay_train::config::WeightSync::None,
+        retries: 0,
+        ..Default::default()
+    };
+    let got = Remote::new(&section, run.path(), 512)
+        .generate(&prompts, 2, &params)
+        .unwrap();
+    assert_eq!(got.generations, local(&plain));
+    server.shutdown();
+}
