@@ -91,8 +91,13 @@ impl Linear<Tensor> {
         lora: Option<&LayerLora<'_>>,
         target: LoraTarget,
     ) -> Result<Tensor> {
-        if self.bias.is_none() && !LayerLora::has(lora, target) {
-            return Ok(ops::linear_heads(x, &self.weight, heads)?);
+        if self.bias.is_none() {
+            if !LayerLora::has(lora, target) {
+                return Ok(ops::linear_heads(x, &self.weight, heads)?);
+            }
+            if let Some(y) = LayerLora::project(lora, target, x, &self.weight, Some(heads))? {
+                return Ok(y);
+            }
         }
         let mut y = ops::linear(x, &self.weight)?;
         if let Some(b) = &self.bias {
@@ -263,8 +268,14 @@ impl DecoderLayer<Tensor> {
         let h = ops::rms_norm(&x, &self.post_attention_layernorm, ctx.eps)?;
         let (gate, up) = (LoraTarget::GateProj, LoraTarget::UpProj);
         let m = if LayerLora::has(lora, gate) || LayerLora::has(lora, up) {
-            let g = LayerLora::add(lora, gate, &h, ops::linear(&h, &self.mlp.gate_proj)?)?;
-            let u = LayerLora::add(lora, up, &h, ops::linear(&h, &self.mlp.up_proj)?)?;
+            let proj = |t: LoraTarget, w: &Tensor| -> Result<Tensor> {
+                match LayerLora::project(lora, t, &h, w, None)? {
+                    Some(y) => Ok(y),
+                    None => LayerLora::add(lora, t, &h, ops::linear(&h, w)?),
+                }
+            };
+            let g = proj(gate, &self.mlp.gate_proj)?;
+            let u = proj(up, &self.mlp.up_proj)?;
             ops::swiglu(&g, &u)?
         } else {
             ops::gated_up(&h, &self.mlp.gate_proj, &self.mlp.up_proj)?

@@ -468,6 +468,26 @@ impl LayerLora<'_> {
         Ok(crate::ops::linear_add(&xa, &adapter.lora_b, &y)?)
     }
 
+    /// `x·Wᵀ + scale·(x·Aᵀ)·Bᵀ` for the frozen `w` when `target` has an adapter and one node
+    /// computes it ([`crate::ops::lora_linear`]: the frozen output is not kept for the backward
+    /// pass), split into `heads` when given; else `None` ([`LayerLora::add`] then adds the
+    /// adapter to the projection).
+    pub fn project(
+        lora: Option<&Self>,
+        target: LoraTarget,
+        x: &Tensor,
+        w: &Tensor,
+        heads: Option<usize>,
+    ) -> Result<Option<Tensor>> {
+        let Some(l) = lora else { return Ok(None) };
+        let Some(a) = l.adapters.get(target) else {
+            return Ok(None);
+        };
+        Ok(crate::ops::lora_linear(
+            x, w, &a.lora_a, &a.lora_b, l.scale, heads,
+        )?)
+    }
+
     /// Whether `target` has an adapter.
     pub fn has(lora: Option<&Self>, target: LoraTarget) -> bool {
         lora.is_some_and(|l| l.adapters.get(target).is_some())

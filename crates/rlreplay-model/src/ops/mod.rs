@@ -200,6 +200,33 @@ fn project(x: &Tensor, weight: &Tensor, heads: Option<usize>) -> Result<Tensor> 
     }
 }
 
+/// The adapted projection `x · Wᵀ + scale · (x · Aᵀ) · Bᵀ` of a frozen `weight: [out, in]` with
+/// the LoRA adapter `a: [r, in]`, `b: [out, r]` (`x` as in [`linear`]; the output split into
+/// `heads` when given), as one node whose backward pass computes `dx`, `dA` and `dB`: on the CPU
+/// (f32, f64) only, so `None` elsewhere or for a weight that tracks gradients.
+pub(crate) fn lora_linear(
+    x: &Tensor,
+    weight: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f64,
+    heads: Option<usize>,
+) -> Result<Option<Tensor>> {
+    if x.rank() < 2 || weight.track_op() || !kernel_applies(&[x, weight, a, b]) {
+        return Ok(None);
+    }
+    let op = linear::LoraLinear {
+        w: weight.contiguous()?,
+        scale,
+        heads,
+    };
+    Ok(Some(x.contiguous()?.apply_op3(
+        &a.contiguous()?,
+        &b.contiguous()?,
+        op,
+    )?))
+}
+
 /// `x · Wᵀ` for `x: [T, in]` and `w: [out, in]` through candle's matmul; for a frozen `w` (one
 /// that does not track gradients) under an `x` that does, through a node whose backward pass
 /// skips the `dW` product.
