@@ -226,3 +226,50 @@ fn killing_every_server_stops_with_the_checkpoint_intact_and_resume_continues() 
         .join(format!("checkpoints/global_step_{STEPS}/model.safetensors"))
         .is_file());
 }
+
+/// A LoRA policy trained on a server that serves its base: only the adapter goes to the server
+/// after each update, and the run trains the adapters of the same run generating in process.
+#[test]
+fn a_lora_run_on_a_server_trains_the_adapters_of_the_local_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = preset();
+    let lora: Vec<String> = vec!["model.lora_rank=4".into(), "optim.lr=1e-3".into()];
+    let steps = 3;
+    let short = [
+        format!("trainer.total_training_steps={steps}"),
+        "trainer.save_freq=3".into(),
+    ];
+    let local = tmp.path().join("local");
+    let o = train(
+        &["--config", &config, "--out", local.to_str().unwrap()],
+        &[toy_sets(), lora.clone(), short.to_vec()].concat(),
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The toy task's base is made from the run's seed: the server serves the same weights.
+    let server = Server::start(&local.join("initial"));
+    let remote = tmp.path().join("remote");
+    let o = train(
+        &["--config", &config, "--out", remote.to_str().unwrap()],
+        &[
+            toy_sets(),
+            lora,
+            short.to_vec(),
+            remote_sets(std::slice::from_ref(&server.url)),
+        ]
+        .concat(),
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = format!("checkpoints/global_step_{steps}/adapter_model.safetensors");
+    assert_eq!(
+        std::fs::read(local.join(&ckpt)).unwrap(),
+        std::fs::read(remote.join(&ckpt)).unwrap()
+    );
+    let synced = remote.join(format!("weights/step_{steps}"));
+    assert!(synced.join("adapter_model.safetensors").is_file());
+    assert!(!synced.join("model.safetensors").exists());
+    drop(server);
+}
