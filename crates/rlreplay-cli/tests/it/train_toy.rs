@@ -1,6 +1,7 @@
 //! `rlreplay train` on the toy preset: artifacts, the rollouts as a dataset, stop and resume.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use rlreplay_train::rundir::read_metrics;
 use std::process::Command;
@@ -573,21 +574,19 @@ fn generation_only(key: &str) -> bool {
         || key == "train/epoch"
 }
 
-/// Replaying an online run's own rollouts onto its initial policy with its configuration trains
-/// its policy bit for bit: every checkpoint's weights and optimizer state, and every metric that
-/// does not come from generation.
-#[test]
-fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
-    let dir = tempfile::tempdir().unwrap();
-    let online = dir.path().join("online");
+/// A short online toy run with the extra arguments `more` into `dir/online`, then the replay of
+/// its rollouts (`replay --from-run`) into `dir/replay`; both succeed. Returns the two run
+/// directories and the replay's output.
+fn online_then_replay(dir: &Path, more: &[&str]) -> (PathBuf, PathBuf, Output) {
+    let online = dir.join("online");
     let online_s = online.display().to_string();
     let config = preset();
     let mut args = vec!["train", "--config", &config, "--out", &online_s];
     args.extend(SHORT);
-    args.extend(["--set", "trainer.save_freq=1", "--set", "trainer.keep=4"]);
+    args.extend(more);
     let o = rlreplay(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let replay = dir.path().join("replay");
+    let replay = dir.join("replay");
     let replay_s = replay.display().to_string();
     let o = rlreplay(&[
         "replay",
@@ -598,6 +597,20 @@ fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
         "--quiet",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (online, replay, o)
+}
+
+/// Replaying an online run's own rollouts onto its initial policy with its configuration trains
+/// its policy bit for bit: every checkpoint's weights and optimizer state, and every metric that
+/// does not come from generation.
+#[test]
+fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (online, replay, o) = online_then_replay(
+        dir.path(),
+        &["--set", "trainer.save_freq=1", "--set", "trainer.keep=4"],
+    );
+    let (online_s, replay_s) = (online.display().to_string(), replay.display().to_string());
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("trained 4/4 steps"),
         "{}",
@@ -676,25 +689,10 @@ fn replay_from_run_reproduces_the_online_run_bit_for_bit() {
 #[test]
 fn an_online_lora_run_and_its_replay_train_the_same_adapters() {
     let dir = tempfile::tempdir().unwrap();
-    let online = dir.path().join("online");
-    let online_s = online.display().to_string();
-    let config = preset();
-    let mut args = vec!["train", "--config", &config, "--out", &online_s];
-    args.extend(SHORT);
-    args.extend(["--set", "model.lora_rank=4", "--set", "optim.lr=1e-3"]);
-    let o = rlreplay(&args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let replay = dir.path().join("replay");
-    let replay_s = replay.display().to_string();
-    let o = rlreplay(&[
-        "replay",
-        "--from-run",
-        &online_s,
-        "--out",
-        &replay_s,
-        "--quiet",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (online, replay, _) = online_then_replay(
+        dir.path(),
+        &["--set", "model.lora_rank=4", "--set", "optim.lr=1e-3"],
+    );
     for file in ["adapter_model.safetensors", "optimizer.safetensors"] {
         let read = |run: &Path| std::fs::read(run.join("checkpoints/global_step_4").join(file));
         let (a, b) = (read(&online), read(&replay));

@@ -99,12 +99,7 @@ fn lora_resume_is_bit_identical_and_a_run_can_start_from_an_adapter() {
     let full = tmp.path().join("full");
     run(&RunOptions::new(cfg.clone(), &full)).unwrap();
     let part = tmp.path().join("part");
-    let mut o = RunOptions::new(cfg, &part);
-    o.stop_after = Some(1);
-    run(&o).unwrap();
-    o.stop_after = None;
-    o.resume = true;
-    assert_eq!(run(&o).unwrap().global_step, 3);
+    assert_eq!(crate::replay::stop_then_resume(cfg, &part, 1), 3);
     assert_eq!(
         read_metrics(&full, false).unwrap(),
         read_metrics(&part, false).unwrap()
@@ -274,12 +269,7 @@ fn the_ema_teacher_follows_the_adapters_and_resumes_bit_identically() {
         .unwrap()
     };
     let part = tmp.path().join("part");
-    let mut o = RunOptions::new(cfg, &part);
-    o.stop_after = Some(1);
-    run(&o).unwrap();
-    o.stop_after = None;
-    o.resume = true;
-    assert_eq!(run(&o).unwrap().global_step, 3);
+    assert_eq!(crate::replay::stop_then_resume(cfg, &part, 1), 3);
     assert_eq!(
         read_metrics(&full, false).unwrap(),
         read_metrics(&part, false).unwrap()

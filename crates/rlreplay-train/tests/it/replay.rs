@@ -71,6 +71,16 @@ max_tokens_per_micro_batch = 200
     )
 }
 
+/// Runs `cfg` into `out` for `stop` steps, then resumes it to its end: the last step trained.
+pub(crate) fn stop_then_resume(cfg: Config, out: &Path, stop: u64) -> u64 {
+    let mut o = RunOptions::new(cfg, out);
+    o.stop_after = Some(stop);
+    assert_eq!(run(&o).unwrap().global_step, stop);
+    o.stop_after = None;
+    o.resume = true;
+    run(&o).unwrap().global_step
+}
+
 fn final_weights(run: &Path) -> Vec<u8> {
     let (_, dir) = latest_checkpoint(run).unwrap().unwrap();
     std::fs::read(dir.join("model.safetensors")).unwrap()
@@ -141,14 +151,7 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
     run(&RunOptions::new(cfg.clone(), &full)).unwrap();
 
     let part = tmp.path().join("part");
-    let mut o = RunOptions::new(cfg, &part);
-    o.stop_after = Some(3);
-    let s = run(&o).unwrap();
-    assert_eq!(s.global_step, 3);
-    o.stop_after = None;
-    o.resume = true;
-    let s = run(&o).unwrap();
-    assert_eq!(s.global_step, 8);
+    assert_eq!(stop_then_resume(cfg, &part, 3), 8);
     assert_eq!(
         read_metrics(&full, false).unwrap(),
         read_metrics(&part, false).unwrap()
@@ -377,12 +380,7 @@ fn resumed_checkpoints_keep_the_tokenizer_files_through_rotation() {
     cfg.model.random = None;
     cfg.model.path = Some(model_dir);
     let out = tmp.path().join("run");
-    let mut opts = RunOptions::new(cfg, &out);
-    opts.stop_after = Some(1);
-    run(&opts).unwrap();
-    opts.stop_after = None;
-    opts.resume = true;
-    run(&opts).unwrap();
+    stop_then_resume(cfg, &out, 1);
     let (step, last) = latest_checkpoint(&out).unwrap().unwrap();
     assert_eq!(step, 3);
     assert!(

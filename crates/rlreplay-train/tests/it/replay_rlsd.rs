@@ -164,12 +164,7 @@ fn rlsd_replay_with_the_ema_teacher_resumes_bit_identically() {
         .join("checkpoints/global_step_3/ema_teacher/model.safetensors")
         .is_file());
     let part = tmp.path().join("part");
-    let mut o = RunOptions::new(cfg, &part);
-    o.stop_after = Some(1);
-    run(&o).unwrap();
-    o.stop_after = None;
-    o.resume = true;
-    assert_eq!(run(&o).unwrap().global_step, 3);
+    assert_eq!(crate::replay::stop_then_resume(cfg, &part, 1), 3);
     assert_eq!(
         read_metrics(&full, false).unwrap(),
         read_metrics(&part, false).unwrap()
