@@ -293,6 +293,16 @@ impl Model {
         }
         let new = Var::from_tensor(&values.detach())?;
         let old = p.var.as_tensor().id();
+        self.swap_var(old, &new)?;
+        self.index.remove(&old);
+        self.index.insert(new.as_tensor().id(), i);
+        self.params[i].var = new;
+        Ok(())
+    }
+
+    /// Puts `new` wherever the model holds the weight `old` (the embedding, the norms, the LM
+    /// head, the layers, the adapters); the parameter lists are the caller's.
+    fn swap_var(&mut self, old: TensorId, new: &Var) -> Result<()> {
         let swap = |v: &Var| {
             if v.as_tensor().id() == old {
                 new.clone()
@@ -314,9 +324,20 @@ impl Model {
                 .map(|l| l.map(|v| Ok(swap(v))))
                 .collect::<Result<_>>()?;
         }
-        self.index.remove(&old);
-        self.index.insert(new.as_tensor().id(), i);
-        self.params[i].var = new;
+        Ok(())
+    }
+
+    /// Holds every frozen weight in `dtype` (its cast), in place of what it was held in.
+    fn cast_frozen(&mut self, dtype: DType) -> Result<()> {
+        for i in 0..self.frozen.len() {
+            let old = self.frozen[i].var.clone();
+            if old.dtype() == dtype {
+                continue;
+            }
+            let new = Var::from_tensor(&old.as_detached_tensor().to_dtype(dtype)?)?;
+            self.swap_var(old.as_tensor().id(), &new)?;
+            self.frozen[i].var = new;
+        }
         Ok(())
     }
 
@@ -470,7 +491,9 @@ impl Model {
         self.frozen = std::mem::replace(&mut self.params, params);
         self.lora = Some((cfg, layers));
         self.reindex();
-        Ok(())
+        // Frozen weights need no master: in a half-precision model they are held in the compute
+        // dtype only (half the bytes), as the passes would cast them anyway.
+        self.cast_frozen(self.compute_dtype)
     }
 
     /// Folds the LoRA adapters into the base weights, `W + (alpha/r)·B·A` (computed in the master
@@ -478,10 +501,14 @@ impl Model {
     /// export with [`Model::save_hf`], which a model with adapters refuses). Accumulated
     /// gradients are cleared. An error when the model has no adapters.
     pub fn merge_lora(&mut self) -> Result<()> {
-        let (cfg, adapters) = self
-            .lora
-            .take()
-            .ok_or_else(|| Error::Input("the model has no LoRA adapters to merge".into()))?;
+        // Masters again (a half-precision model held its frozen weights in the compute dtype;
+        // without adapters nothing is frozen).
+        self.cast_frozen(self.master_dtype())?;
+        let Some((cfg, adapters)) = self.lora.take() else {
+            return Err(Error::Input(
+                "the model has no LoRA adapters to merge".into(),
+            ));
+        };
         for (layer, adapters) in self.layers.iter().zip(&adapters) {
             for (t, a) in adapters.iter() {
                 let w = t.weight(layer);
@@ -899,6 +926,7 @@ impl Model {
         let mut out = self.layer_weights(l, false)?;
         for (t, a) in adapters[l].iter() {
             let w = t.weight(&self.layers[l]).as_detached_tensor();
+            let w = w.to_dtype(self.master_dtype())?;
             let merged = merged_weight(&w, &a.lora_a, &a.lora_b, cfg.scaling())?;
             *t.weight_mut(&mut out) = merged.to_dtype(self.compute_dtype)?;
         }
@@ -1185,6 +1213,41 @@ mod tests {
     /// base weights on any code path (the CPU kernels, the blockwise CUDA path, half precision
     /// through candle's ops): the gradient store holds no matrix of a base weight's shape or its
     /// transpose, not even one computed and left unused. Without adapters it holds them all.
+    /// In a half-precision model the frozen base is held in the compute dtype only (no f32
+    /// masters), computes what it computed, and merging brings the masters back.
+    #[test]
+    fn a_bf16_models_frozen_base_is_held_in_bf16() {
+        let b = batch();
+        let pairs: Vec<SeqPair<'_>> = b.iter().map(|(p, r)| SeqPair::new(p, r)).collect();
+        let cfg = config(crate::Architecture::Qwen3, false);
+        let plain = Model::new_random(cfg.clone(), 3, DType::BF16, &Device::Cpu).unwrap();
+        let mut model = Model::new_random(cfg, 3, DType::BF16, &Device::Cpu).unwrap();
+        let before = model.held_weights();
+        model
+            .add_lora(crate::LoraConfig::new(2, 4.0, &["all-linear"]).unwrap(), 1)
+            .unwrap();
+        assert!(model
+            .frozen_params()
+            .iter()
+            .all(|p| p.var.dtype() == DType::BF16));
+        assert!(model.params().iter().all(|p| p.var.dtype() == DType::F32));
+        let held = model.held_weights();
+        let adapters: u64 = model
+            .params()
+            .iter()
+            .map(|p| 4 * p.var.elem_count() as u64)
+            .sum();
+        assert_eq!(held.masters, adapters);
+        assert_eq!(held.replicas, before.masters / 2);
+        // B = 0: the same log-probs, bit for bit (the passes cast the masters to bf16 anyway).
+        let lp = |m: &Model| m.logprobs(&pairs, 1.0, false).unwrap().logprobs;
+        assert_eq!(lp(&model), lp(&plain));
+        model.merge_lora().unwrap();
+        assert!(model.params().iter().all(|p| p.var.dtype() == DType::F32));
+        assert_eq!(model.held_weights(), before);
+        assert_eq!(lp(&model), lp(&plain));
+    }
+
     #[test]
     fn frozen_base_weights_get_no_gradient_at_all() {
         let b = batch();

@@ -287,3 +287,20 @@ fn the_ema_teacher_follows_the_adapters_and_resumes_bit_identically() {
         std::path::absolute(&model).unwrap().display().to_string()
     );
 }
+
+#[test]
+fn bf16_lora_keeps_f32_adapters_and_resumes_bit_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), 3);
+    let extra = "[model]\ndtype = \"bf16\"\nlora_rank = 4\n[trainer]\nsave_freq = 1\nkeep = 3\n";
+    let cfg = config(&data, extra);
+    let full = tmp.path().join("full");
+    run(&RunOptions::new(cfg.clone(), &full)).unwrap();
+    let part = tmp.path().join("part");
+    assert_eq!(crate::replay::stop_then_resume(cfg, &part, 1), 3);
+    assert_eq!(adapter_bytes(&full), adapter_bytes(&part));
+    let st =
+        candle_core::safetensors::load(last_checkpoint(&full).join(ADAPTER_WEIGHTS), &Device::Cpu)
+            .unwrap();
+    assert!(st.values().all(|t| t.dtype() == DType::F32));
+}
