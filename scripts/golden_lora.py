@@ -28,6 +28,13 @@ Setup:  scripts/setup-venv.sh torch torch==2.13.0 transformers==5.24.0 numpy saf
       step, saves them with save_adapter and writes its own log-probs of the base's pairs. This
       script loads every exported adapter with PeftModel.from_pretrained onto the base, unchanged,
       and checks its log-probs against Rust's.
+
+  .venv/torch/bin/python scripts/golden_lora.py check-checkpoint BASE ADAPTER [RLREPLAY]
+      A LoRA checkpoint of a training run (ADAPTER, e.g. RUN/checkpoints/last) on its base model
+      directory BASE: loads the base with transformers (float32, eager attention) and the adapter
+      with PeftModel.from_pretrained, unchanged, and checks the log-probs of a few token pairs
+      against `RLREPLAY logprobs --model BASE --adapter ADAPTER` (RLREPLAY defaults to
+      target/release/rlreplay).
 """
 
 import json
@@ -164,11 +171,42 @@ def check_rust_save():
         print("OK")
 
 
+def check_checkpoint(base, adapter, binary):
+    cfg = json.loads((Path(base) / "config.json").read_text())
+    arch = cfg["model_type"]
+    vocab = cfg["vocab_size"]
+    gen = torch.Generator().manual_seed(0)
+    pairs = [
+        (torch.randint(0, vocab, (n,), generator=gen).tolist(), torch.randint(0, vocab, (m,), generator=gen).tolist())
+        for n, m in [(12, 20), (30, 7), (5, 40), (64, 64)]
+    ]
+    model = ARCHS[arch][1].from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
+    model = PeftModel.from_pretrained(model, adapter)
+    with torch.no_grad():
+        lps, _ = all_logprobs(model, pairs, 1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = Path(tmp) / "pairs.jsonl"
+        inp.write_text("".join(json.dumps({"prompt_token_ids": p, "response_token_ids": r}) + "\n" for p, r in pairs))
+        out = subprocess.run(
+            [binary, "logprobs", "--model", base, "--adapter", adapter, "--input", str(inp)],
+            check=True, capture_output=True, text=True,
+        ).stdout
+    rust = [json.loads(line)["logprobs"] for line in out.splitlines()]
+    diff = max((lp.double() - torch.tensor(r, dtype=torch.float64)).abs().max().item() for lp, r in zip(lps, rust))
+    print(f"PEFT on {adapter} over {base} vs rlreplay --adapter: max |dlogp| = {diff:.2e} ({len(pairs)} pairs)")
+    if diff > 1e-4:
+        sys.exit(f"FAILED: PEFT and rlreplay disagree by {diff}")
+    print("OK")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "generate":
         generate(sys.argv[2:])
     elif cmd == "check-rust-save":
         check_rust_save()
+    elif cmd == "check-checkpoint" and len(sys.argv) in (4, 5):
+        binary = sys.argv[4] if len(sys.argv) == 5 else str(ROOT / "target/release/rlreplay")
+        check_checkpoint(sys.argv[2], sys.argv[3], binary)
     else:
         sys.exit(__doc__)
