@@ -151,17 +151,7 @@ max_tokens_per_micro_batch = 4096
 threads = $first_threads
 TOML
   done
-  "$ARROW" - "$R" <<'PY'
-import glob, json, sys
-import pyarrow.parquet as pq
-out = sys.argv[1]
-with open(f"{out}/rows.jsonl", "w") as f:
-    for path in sorted(glob.glob(f"{out}/B-dataset/data/step-*.parquet")):
-        t = pq.read_table(path).to_pydict()
-        rows = [{"uid": u, "prompt": p, "response": r, "score": s} for u, p, r, s in
-                zip(t["uid"], t["prompt_token_ids"], t["response_token_ids"], t["score"])]
-        f.write(json.dumps(rows) + "\n")
-PY
+  "$ARROW" bench/rows_jsonl.py "$R/B-dataset" "$R/rows.jsonl"
 fi
 
 for round in $(seq "$ROUNDS"); do

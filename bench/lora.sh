@@ -31,17 +31,7 @@ VOCAB=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_s
 "$BIN" synth --out "$OUT/dataset" --steps "$STEPS" --prompts 4 --group 4 --vocab "$VOCAB" \
   --mean-len 192 --max-len 512 --prompt-len 64 --tokenizer "$MODEL" --pattern-len 4 --seed 0 \
   >/dev/null
-"$PY" - "$OUT" <<'PY'
-import glob, json, sys
-import pyarrow.parquet as pq
-out = sys.argv[1]
-with open(f"{out}/rows.jsonl", "w") as f:
-    for path in sorted(glob.glob(f"{out}/dataset/data/step-*.parquet")):
-        t = pq.read_table(path).to_pydict()
-        rows = [{"uid": u, "prompt": p, "response": r, "score": s} for u, p, r, s in
-                zip(t["uid"], t["prompt_token_ids"], t["response_token_ids"], t["score"])]
-        f.write(json.dumps(rows) + "\n")
-PY
+"$PY" bench/rows_jsonl.py "$OUT/dataset" "$OUT/rows.jsonl"
 row() {  # side mode threads update_s tok_s rss_file
     local rss
     rss=$(tail -n 1 "$6")

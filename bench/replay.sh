@@ -48,17 +48,7 @@ max_tokens_per_micro_batch = 4096
 threads = $THREADS
 TOML
 "$BIN" replay --config "$OUT/replay.toml" --out "$OUT/run" --quiet >/dev/null
-.venv/arrow/bin/python - "$OUT" <<'PY'
-import glob, json, sys
-import pyarrow.parquet as pq
-out = sys.argv[1]
-with open(f"{out}/rows.jsonl", "w") as f:
-    for path in sorted(glob.glob(f"{out}/dataset/data/step-*.parquet")):
-        t = pq.read_table(path).to_pydict()
-        rows = [{"uid": u, "prompt": p, "response": r, "score": s} for u, p, r, s in
-                zip(t["uid"], t["prompt_token_ids"], t["response_token_ids"], t["score"])]
-        f.write(json.dumps(rows) + "\n")
-PY
+.venv/arrow/bin/python bench/rows_jsonl.py "$OUT/dataset" "$OUT/rows.jsonl"
 .venv/torch/bin/python bench/replay_torch.py --data "$OUT/rows.jsonl" --model "$OUT/shape.json" \
   --threads "$THREADS" --max-tokens 4096 >"$OUT/torch.json"
 python3 - "$OUT" <<'PY'
