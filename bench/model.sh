@@ -9,6 +9,7 @@
 # Usage: bench/model.sh [THREADS] [ROUNDS]   (defaults 2 and 3; rounds are interleaved)
 #        MODEL=DIR bench/model.sh [THREADS] [ROUNDS]   only the Hugging Face model in DIR (for
 #        example models/smollm2-135m-instruct) against AutoModelForCausalLM, 4 x 256 tokens
+#        (SHAPE=1x1024: one sequence of 1,024 tokens, on both sides)
 # Needs .venv/torch (scripts/setup-venv.sh torch torch transformers).
 set -euo pipefail
 cd "$(dirname "$0")/.."

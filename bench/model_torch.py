@@ -9,6 +9,7 @@ The objective is the mean next-token log-prob of every position, as on the Rust 
 times torch.mm (f32) on the shapes of the Rust side's `gemm` mode instead.
 """
 
+import os
 import statistics
 import sys
 import time
@@ -66,7 +67,10 @@ def main():
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32,
                                                      attn_implementation="eager").train()
-    ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ_LEN))
+    batch, seq_len = BATCH, SEQ_LEN
+    if name not in CONFIGS and os.environ.get("SHAPE"):
+        batch, seq_len = (int(v) for v in os.environ["SHAPE"].split("x"))
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq_len))
 
     def objective():
         logits = model(input_ids=ids).logits[:, :-1].float()
@@ -86,7 +90,7 @@ def main():
             fwd.append((t1 - t0) * 1e3)
             fwd_bwd.append((t2 - t1) * 1e3)
     f, fb = statistics.median(fwd), statistics.median(fwd_bwd)
-    tokens = BATCH * SEQ_LEN
+    tokens = batch * seq_len
     print(f"torch config={name} threads={threads} tokens={tokens} fwd_ms={f:.1f} "
           f"fwd_bwd_ms={fb:.1f} fwd_bwd_tok_s={tokens / fb * 1e3:.0f}")
 

@@ -6,7 +6,7 @@
 //! - `small`: Qwen3 proportions with the full 151,936 vocabulary: hidden 256, MLP 768, 2 layers,
 //!   4/2 heads of 128, tied embeddings, 4 × 256 tokens;
 //! - `dir DIR [ITERS]`: the model saved in the Hugging Face directory DIR (for example the
-//!   converted SmolLM2-135M-Instruct), 4 × 256 tokens;
+//!   converted SmolLM2-135M-Instruct), 4 × 256 tokens (`SHAPE=1x1024`: one sequence of 1,024);
 //! - `logprobs-rss`: log-probs of one 4096-token response through a 151,936 × 2560 lm_head, then
 //!   the peak resident memory of the process;
 //! - `recompute-rss [on|off]`: one forward+backward of a 4096-token sequence through 8 layers
@@ -85,13 +85,14 @@ fn bench_model(name: &str, cfg: ModelConfig, iters: usize) -> anyhow::Result<()>
 
 fn bench_loaded(name: &str, mut model: Model, iters: usize) -> anyhow::Result<()> {
     let vocab = model.config().vocab_size;
-    let ids: Vec<Vec<u32>> = (0..BATCH)
-        .map(|b| token_ids(SEQ_LEN, vocab, b as u64))
+    let (batch, seq_len) = shape()?;
+    let ids: Vec<Vec<u32>> = (0..batch)
+        .map(|b| token_ids(seq_len, vocab, b as u64))
         .collect();
     // Prompt = first token, response = the rest: every next-token position is scored, as in the
     // PyTorch side.
     let pairs: Vec<SeqPair<'_>> = ids.iter().map(|s| SeqPair::new(&s[..1], &s[1..])).collect();
-    let n_targets = BATCH * (SEQ_LEN - 1);
+    let n_targets = batch * (seq_len - 1);
     let grad = vec![1.0 / n_targets as f64; n_targets];
     let mut fwd = Vec::new();
     let mut fwd_bwd = Vec::new();
@@ -112,11 +113,26 @@ fn bench_loaded(name: &str, mut model: Model, iters: usize) -> anyhow::Result<()
         "rlreplay config={name} threads={} tokens={} fwd_ms={f:.1} fwd_bwd_ms={fb:.1} \
          fwd_bwd_tok_s={:.0} peak_rss_mib={:.0}",
         rayon::current_num_threads(),
-        BATCH * SEQ_LEN,
-        (BATCH * SEQ_LEN) as f64 / fb * 1e3,
+        batch * seq_len,
+        (batch * seq_len) as f64 / fb * 1e3,
         peak_rss_mib()
     );
     Ok(())
+}
+
+/// Sequences and tokens per sequence of `dir` mode: the `SHAPE` environment variable
+/// (`SEQSxLEN`, for example `1x1024` for one packed sequence), by default 4 × 256.
+fn shape() -> anyhow::Result<(usize, usize)> {
+    let Ok(s) = std::env::var("SHAPE") else {
+        return Ok((BATCH, SEQ_LEN));
+    };
+    let parsed = s
+        .split_once('x')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+    match parsed {
+        Some((a, b)) if a > 0 && b > 1 => Ok((a, b)),
+        _ => anyhow::bail!("SHAPE={s:?} is not SEQSxLEN (for example 1x1024)"),
+    }
 }
 
 fn logprobs_rss() -> anyhow::Result<()> {

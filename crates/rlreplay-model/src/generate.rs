@@ -18,34 +18,34 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::layer::{DecoderLayer, LayerCtx, Rotary};
-use crate::ops::decode::{self, AttnDims, CachedSeq};
+use crate::ops::decode::{self, AttnDims, CachedSeq, Panels};
 use crate::{Error, Model, ModelConfig, Result};
 
-/// Weights of one decoder layer as f32 host buffers; matrices transposed to `[in, out]`.
+/// Weights of one decoder layer as f32 host buffers; matrices packed for the decoder's products.
 struct HostLayer {
     in_norm: Vec<f32>,
-    /// q, k and v projections side by side: `[H, (Hq + 2·Hkv)·D]`.
-    qkv: Vec<f32>,
+    /// q, k and v projections stacked: `[(Hq + 2·Hkv)·D, H]`.
+    qkv: Panels,
     /// The q, k and v biases side by side, when the layer has them.
     qkv_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    o_proj: Vec<f32>,
+    o_proj: Panels,
     o_bias: Option<Vec<f32>>,
     post_norm: Vec<f32>,
-    /// Gate and up projections side by side: `[H, 2·I]`.
-    gate_up: Vec<f32>,
-    down: Vec<f32>,
+    /// Gate and up projections stacked: `[2·I, H]`.
+    gate_up: Panels,
+    down: Panels,
 }
 
 /// The model's weights as f32 host buffers (CPU, f32 compute).
 struct HostWeights {
-    /// `[V, H]`, or `None` when tied to the lm_head (rows are then read from its columns).
+    /// `[V, H]`, or `None` when tied to the lm_head (rows are then read from its panels).
     embed: Option<Vec<f32>>,
     layers: Vec<HostLayer>,
     norm: Vec<f32>,
-    /// `[H, V]`.
-    lm_head: Vec<f32>,
+    /// `[V, H]`.
+    lm_head: Panels,
 }
 
 /// The model's weights as candle tensors in the compute dtype.
@@ -257,16 +257,15 @@ impl Decoder {
         })
     }
 
-    /// Copies the weights into host buffers, transposed, with q/k/v and gate/up stacked.
+    /// Copies the weights into host buffers, packed, with q/k/v and gate/up stacked.
     fn host_weights(cfg: &ModelConfig, w: &TensorWeights) -> Result<HostWeights> {
         let h = cfg.hidden_size;
-        let stack_t = |ts: &[&Tensor]| -> Result<Vec<f32>> {
+        let stack = |ts: &[&Tensor]| -> Result<Panels> {
             let mut out = Vec::new();
             for t in ts {
                 out.extend(host_vec(t)?);
             }
-            let rows = out.len() / h;
-            Ok(decode::transpose(&out, rows, h))
+            Ok(Panels::pack(&out, h)?)
         };
         let opt = |t: Option<&Tensor>| t.map(host_vec).transpose();
         let layers = w
@@ -287,22 +286,19 @@ impl Decoder {
                 };
                 Ok(HostLayer {
                     in_norm: host_vec(&l.input_layernorm)?,
-                    qkv: stack_t(&[&a.q_proj.weight, &a.k_proj.weight, &a.v_proj.weight])?,
+                    qkv: stack(&[&a.q_proj.weight, &a.k_proj.weight, &a.v_proj.weight])?,
                     qkv_bias,
                     q_norm: opt(a.q_norm.as_ref())?,
                     k_norm: opt(a.k_norm.as_ref())?,
                     // [H, Hq·D]: its input width is not H when Hq·D differs (Qwen3-4B).
-                    o_proj: {
-                        let o = host_vec(&a.o_proj.weight)?;
-                        decode::transpose(&o, h, cfg.num_attention_heads * cfg.head_dim)
-                    },
+                    o_proj: Panels::pack(
+                        &host_vec(&a.o_proj.weight)?,
+                        cfg.num_attention_heads * cfg.head_dim,
+                    )?,
                     o_bias: opt(a.o_proj.bias.as_ref())?,
                     post_norm: host_vec(&l.post_attention_layernorm)?,
-                    gate_up: stack_t(&[&l.mlp.gate_proj, &l.mlp.up_proj])?,
-                    down: {
-                        let down = host_vec(&l.mlp.down_proj)?;
-                        decode::transpose(&down, h, cfg.intermediate_size)
-                    },
+                    gate_up: stack(&[&l.mlp.gate_proj, &l.mlp.up_proj])?,
+                    down: Panels::pack(&host_vec(&l.mlp.down_proj)?, cfg.intermediate_size)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -314,7 +310,7 @@ impl Decoder {
             },
             layers,
             norm: host_vec(&w.norm)?,
-            lm_head: stack_t(&[&w.lm_head])?,
+            lm_head: stack(&[&w.lm_head])?,
         })
     }
 
@@ -463,11 +459,7 @@ impl Decoder {
             let id = id as usize;
             match &w.embed {
                 Some(embed) => row.copy_from_slice(&embed[id * hs..(id + 1) * hs]),
-                None => {
-                    for (i, v) in row.iter_mut().enumerate() {
-                        *v = w.lm_head[i * vocab + id];
-                    }
-                }
+                None => w.lm_head.row_into(id, row),
             }
         }
         let (cos, sin) = self.rotary.angles(positions.iter().copied());
@@ -480,7 +472,7 @@ impl Decoder {
         let mut m = vec![0f32; t * inter];
         for (l, lw) in w.layers.iter().enumerate() {
             decode::rms_norm(&mut h, &x, &lw.in_norm, eps);
-            decode::linear(&mut qkv, false, &h, t, &lw.qkv, width)?;
+            decode::linear(&mut qkv, false, &h, t, &lw.qkv)?;
             if let Some(bias) = &lw.qkv_bias {
                 decode::add_bias(&mut qkv, bias);
             }
@@ -513,14 +505,14 @@ impl Decoder {
                 })
                 .collect::<Result<Vec<_>>>()?;
             decode::cached_attention(&mut att, &qkv, width, &seqs, dims)?;
-            decode::linear(&mut x, true, &att, t, &lw.o_proj, hs)?;
+            decode::linear(&mut x, true, &att, t, &lw.o_proj)?;
             if let Some(bias) = &lw.o_bias {
                 decode::add_bias(&mut x, bias);
             }
             decode::rms_norm(&mut h, &x, &lw.post_norm, eps);
-            decode::linear(&mut gu, false, &h, t, &lw.gate_up, 2 * inter)?;
+            decode::linear(&mut gu, false, &h, t, &lw.gate_up)?;
             decode::swiglu(&mut m, &gu, inter);
-            decode::linear(&mut x, true, &m, t, &lw.down, hs)?;
+            decode::linear(&mut x, true, &m, t, &lw.down)?;
         }
         commit(caches, offsets);
         let mut last = vec![0f32; b * hs];
@@ -530,7 +522,7 @@ impl Decoder {
         let mut normed = vec![0f32; b * hs];
         decode::rms_norm(&mut normed, &last, &w.norm, eps);
         let mut logits = vec![0f32; b * vocab];
-        decode::linear(&mut logits, false, &normed, b, &w.lm_head, vocab)?;
+        decode::linear(&mut logits, false, &normed, b, &w.lm_head)?;
         Ok(logits)
     }
 

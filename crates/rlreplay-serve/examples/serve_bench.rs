@@ -1,6 +1,7 @@
 //! `serve` throughput: tokens/s of `rlreplay serve` under `c` concurrent requests, against the
 //! in-process engine decoding the same prompts as one batch, on a random Qwen3 model (4 layers,
-//! hidden 256, vocab 8192, as `bench/generate.sh`).
+//! hidden 256, vocab 8192, as `bench/generate.sh`), or on the model directory in the `MODEL`
+//! environment variable (for example `models/smollm2-135m-instruct`).
 //!
 //! For each concurrency the in-process run and the server run alternate `rounds` times (the
 //! machine may be loaded by other work; interleaving lets both see the same load). Each request
@@ -45,17 +46,28 @@ fn main() -> Result<()> {
         ..ModelConfig::tiny()
     };
     let dir = tempfile::tempdir()?;
-    let model = Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?;
-    model.save_hf(dir.path())?;
+    let model_dir = match std::env::var_os("MODEL") {
+        Some(m) => std::path::PathBuf::from(m),
+        None => {
+            Model::new_random(cfg, 0, DType::F32, &Device::Cpu)?.save_hf(dir.path())?;
+            dir.path().to_path_buf()
+        }
+    };
+    let model = Model::load(&model_dir, DType::F32, &Device::Cpu)?;
+    let vocab = model.config().vocab_size as u32;
     let decoder = Decoder::new(&model)?;
-    let mut server_cfg = ServeConfig::new(dir.path());
+    let mut server_cfg = ServeConfig::new(&model_dir);
     server_cfg.port = 0;
     let server = BoundServer::bind(server_cfg)?.spawn()?;
     let url = format!("{}/v1/completions", server.url());
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let max_c = levels.iter().copied().max().unwrap_or(1);
     let prompts: Vec<Vec<u32>> = (0..max_c * per_client)
-        .map(|_| (0..prompt_len).map(|_| rng.random_range(0..8192)).collect())
+        .map(|_| {
+            (0..prompt_len)
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        })
         .collect();
     let params = SamplingParams {
         temperature: 1.0,

@@ -72,6 +72,47 @@ pub type ScoreHistory = BTreeMap<String, Vec<(u64, f64)>>;
 /// Prefixes of the wall-clock metrics, which differ between otherwise identical runs.
 pub const TIMING_PREFIXES: [&str; 2] = ["perf/", "timing_s/"];
 
+/// The timed phases of a trainer step in the order they run, as `(label, metric)`: generation,
+/// rewards, the old policy's and the teacher's log-probs, the actor update, the weight sync to
+/// inference servers, and validation (after the step).
+pub const STEP_PHASES: [(&str, &str); 7] = [
+    ("gen", "timing_s/gen"),
+    ("reward", "timing_s/reward"),
+    ("old_log_prob", "timing_s/old_log_prob"),
+    ("ref", "timing_s/ref"),
+    ("update_actor", "timing_s/update_actor"),
+    ("weight_sync", "timing_s/weight_sync"),
+    ("testing", "timing_s/testing"),
+];
+
+/// Where a step's time went, from its `timing_s/*` metrics: `"117.7 s: gen 28.7, update_actor
+/// 89.0"` (the step with its validation, in seconds to 0.1, or to 0.01 under ten seconds; phases
+/// that round to zero left out; with an overlapped generation, the part the trainer waited for),
+/// each phase with its share of the step when `shares`. `None` without `timing_s/step`.
+pub fn time_breakdown(m: &Metrics, shares: bool) -> Option<String> {
+    let step = m.get("timing_s/step")?;
+    let total = step + m.get("timing_s/testing").copied().unwrap_or(0.0);
+    let prec = if total < 10.0 { 2 } else { 1 };
+    let parts: Vec<String> = STEP_PHASES
+        .iter()
+        .filter_map(|&(label, key)| {
+            let v = *m.get(key)?;
+            if v < 0.5 * 0.1f64.powi(prec as i32) {
+                return None;
+            }
+            let mut part = format!("{label} {v:.prec$}");
+            if shares && total > 0.0 {
+                part += &format!(" ({:.0} %)", 100.0 * v / total);
+            }
+            if let (true, Some(w)) = (label == "gen", m.get("timing_s/gen_wait")) {
+                part += &format!(", waited {w:.prec$}");
+            }
+            Some(part)
+        })
+        .collect();
+    Some(format!("{total:.prec$} s: {}", parts.join(", ")))
+}
+
 /// The per-step lines of a run's `metrics.jsonl`, one JSON object each. With `timing = false` the wall-clock metrics
 /// ([`TIMING_PREFIXES`]) are left out, so that two runs of the same data, configuration and seed
 /// compare equal.
@@ -913,6 +954,41 @@ mod tests {
         ]
         .into_iter()
         .collect()
+    }
+
+    #[test]
+    fn a_steps_time_is_broken_down_by_phase() {
+        let m: Metrics = [
+            ("timing_s/step", 117.71),
+            ("timing_s/gen", 28.71),
+            ("timing_s/gen_wait", 3.04),
+            ("timing_s/reward", 0.0008),
+            ("timing_s/update", 88.99),
+            ("timing_s/update_actor", 80.0),
+            ("timing_s/ref", 8.99),
+            ("timing_s/testing", 12.29),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(
+            time_breakdown(&m, false).unwrap(),
+            "130.0 s: gen 28.7, waited 3.0, ref 9.0, update_actor 80.0, testing 12.3"
+        );
+        assert_eq!(
+            time_breakdown(&m, true).unwrap(),
+            "130.0 s: gen 28.7 (22 %), waited 3.0, ref 9.0 (7 %), update_actor 80.0 (62 %), \
+             testing 12.3 (9 %)"
+        );
+        let small: Metrics = [("timing_s/step", 0.34), ("timing_s/update_actor", 0.23)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(
+            time_breakdown(&small, false).unwrap(),
+            "0.34 s: update_actor 0.23"
+        );
+        assert_eq!(time_breakdown(&metrics(1.0), false), None);
     }
 
     fn state(dir: &Path) -> Result<()> {

@@ -30,8 +30,8 @@ use crate::dist::{self, DataParallel};
 use crate::error::{Error, Result};
 use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
-    check_resumed_config, latest_checkpoint, refuse_existing_run, write_atomic, Metrics,
-    Provenance, RunDir, RunLock, TRAINER_STATE,
+    check_resumed_config, latest_checkpoint, refuse_existing_run, time_breakdown, write_atomic,
+    Metrics, Provenance, RunDir, RunLock, TRAINER_STATE,
 };
 use crate::schedule::step_rng;
 use crate::source::{self, RolloutSource, RolloutStep, SourceContext};
@@ -92,6 +92,9 @@ pub struct RunSummary {
     pub last_checkpoint: Option<PathBuf>,
     /// The metrics of the last step run.
     pub last_metrics: Metrics,
+    /// The mean of each `timing_s/*` metric over the steps this process ran (validation time
+    /// spread over all of them): where a step's time goes, for [`crate::rundir::time_breakdown`].
+    pub mean_timings: Metrics,
     /// `(step, mean@k)` of every validation.
     pub validations: Vec<(u64, f64)>,
     /// The best validation `(step, mean@k)`.
@@ -686,6 +689,7 @@ impl Trainer {
             dp.shard_masters(&mut self.policy)?;
         }
         let mut last_metrics = Metrics::new();
+        let (mut timing_sums, mut steps_run) = (Metrics::new(), 0u64);
         let mut last_checkpoint = None;
         while self.state.global_step < stop {
             let step = self.state.global_step + 1;
@@ -713,15 +717,25 @@ impl Trainer {
             if let Some(run) = &mut self.run {
                 run.log_step(step, &metrics)?;
             }
+            for (k, v) in metrics.range("timing_s/".to_string()..) {
+                if !k.starts_with("timing_s/") {
+                    break;
+                }
+                *timing_sums.entry(k.clone()).or_insert(0.0) += v;
+            }
+            steps_run += 1;
             let get = |k: &str| metrics.get(k).copied().unwrap_or(f64::NAN);
             let line = format!(
-                "step {step}: score {:.4} loss {:.5} grad_norm {:.4}{}",
+                "step {step}: score {:.4} loss {:.5} grad_norm {:.4}{}{}",
                 get("critic/score/mean"),
                 get("actor/pg_loss"),
                 get("actor/grad_norm"),
                 metrics
                     .get("val-core/mean@k")
                     .map(|m| format!(" val mean@{} {m:.4}", self.cfg.validation.val_n))
+                    .unwrap_or_default(),
+                time_breakdown(&metrics, false)
+                    .map(|t| format!(" | {t}"))
                     .unwrap_or_default()
             );
             self.log(&line)?;
@@ -756,6 +770,10 @@ impl Trainer {
             skipped_updates: self.state.skipped_updates,
             last_checkpoint,
             last_metrics,
+            mean_timings: timing_sums
+                .into_iter()
+                .map(|(k, v)| (k, v / steps_run.max(1) as f64))
+                .collect(),
             validations: self.state.validations.clone(),
             best: self.state.best,
         })

@@ -154,6 +154,8 @@ pub fn update(
     let (mut applied, mut skipped) = (0u64, 0u64);
     let mut grad_norms = Vec::new();
     let t_actor = Instant::now();
+    // The teacher's log-probs inside the micro-batches (`timing_s/ref`, not in `update_actor`).
+    let mut ref_s = 0.0;
     for epoch in 0..settings.ppo_epochs {
         for rows in &minibatches {
             let tok = offsets[rows.start]..offsets[rows.end];
@@ -182,7 +184,9 @@ pub fn update(
                         let ps: Vec<&[u32]> =
                             ti.prompts[r.clone()].iter().map(Vec::as_slice).collect();
                         let ys: Vec<&[u32]> = r.clone().map(|i| batch.response(i)).collect();
+                        let t_ref = Instant::now();
                         let lp = ti.teacher.logprobs(dp, policy, &ps, &ys, tau, budget)?;
+                        ref_s += t_ref.elapsed().as_secs_f64();
                         Some(lp.into_iter().flatten().collect())
                     }
                     None => None,
@@ -251,8 +255,11 @@ pub fn update(
     }
     metrics.insert(
         "timing_s/update_actor".into(),
-        t_actor.elapsed().as_secs_f64(),
+        t_actor.elapsed().as_secs_f64() - ref_s,
     );
+    if teacher.is_some() {
+        metrics.insert("timing_s/ref".into(), ref_s);
+    }
     if let Some(ti) = teacher {
         if applied > 0 {
             ti.teacher.follow(policy)?;

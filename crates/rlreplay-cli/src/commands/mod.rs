@@ -138,3 +138,10 @@ pub fn warn_non_finite(model: &std::path::Path, found: &[(String, usize)]) {
         );
     }
 }
+
+/// Prints where the run's steps spent their time (means over the steps run), when they ran any.
+pub fn print_time_per_step(summary: &rlreplay_train::RunSummary) {
+    if let Some(t) = rlreplay_train::rundir::time_breakdown(&summary.mean_timings, true) {
+        println!("time per step: {t}");
+    }
+}

@@ -43,6 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         get("actor/pg_loss"),
         get("actor/grad_norm"),
     );
+    super::print_time_per_step(&summary);
     println!("run directory:  {}", out.display());
     println!("  metrics:      {}", out.join("metrics.jsonl").display());
     println!(

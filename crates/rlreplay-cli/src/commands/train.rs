@@ -27,6 +27,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         get("actor/pg_loss"),
         get("actor/grad_norm"),
     );
+    super::print_time_per_step(&summary);
     for (step, v) in &summary.validations {
         println!("  validation step {step:>5}: mean@k {:.4}", v);
     }

@@ -1,67 +1,335 @@
 //! Inference-only f32 CPU kernels of the incremental decoder (no autograd, no backward): matrix
-//! products against `[out, in]` weights, RMSNorm, per-head RMSNorm fused with RoPE, SwiGLU, and
+//! products against weights packed in panels, RMSNorm, per-head RMSNorm fused with RoPE, SwiGLU, and
 //! grouped-query attention of the new tokens of many sequences over their own KV caches.
 //!
 //! All functions work on row-major slices; the caller owns every buffer, so a decode step allocates
 //! nothing per sequence or per layer.
 
-use super::cpu::{dot, exp_f32_slice, gemm, sum, MatRef};
+use super::cpu::{dot, exp_f32_slice, sum};
 use candle_core::{bail, Result};
 use rayon::prelude::*;
 
 /// Elements per parallel task of the row-wise kernels (smaller inputs run on the caller's thread).
 const MIN_TASK: usize = 1 << 14;
 
-/// `dst[rows, out] (+)= x[rows, in] · wt[in, out]` (accumulating into `dst` when `accumulate`).
-/// Weights are stored transposed (`[in, out]`, output index contiguous) so that the matrix
-/// product reads them in place instead of repacking them on every call.
+/// Output columns per panel of [`Panels`] (two AVX2 or one AVX-512 register of f32).
+const NR: usize = 16;
+/// Rows per register tile of [`linear`] (6 × 16 accumulators fill twelve AVX2 registers).
+const MR: usize = 6;
+/// Rows per parallel task of [`linear`] when a product has many rows (a multiple of [`MR`]).
+const ROW_BLOCK: usize = 8 * MR;
+/// Inputs per block of a panel that all row tiles of a task go through in turn (16 KiB).
+const KB: usize = 256;
+/// Multiply-adds per parallel task of [`linear`] (smaller products run on the caller's thread).
+const MIN_TASK_MACS: usize = 1 << 17;
+
+/// A weight matrix `W[out, in]` packed for the decoder's products `x · Wᵀ`: panels of [`NR`]
+/// output columns, each `[in][NR]` (the last padded with zeros), one after another, so that a
+/// panel is read as one contiguous stream.
+pub(crate) struct Panels {
+    data: Vec<f32>,
+    inp: usize,
+    out: usize,
+}
+
+impl Panels {
+    /// Packs row-major `w` (`[out, in]`, `out = w.len() / inp`).
+    pub(crate) fn pack(w: &[f32], inp: usize) -> Result<Self> {
+        let out = w.len().checked_div(inp).unwrap_or(0);
+        if out * inp != w.len() || inp == 0 {
+            bail!("decode panels: {} weights are not rows of {inp}", w.len());
+        }
+        let panels = out.div_ceil(NR);
+        let mut data = vec![0f32; panels * inp * NR];
+        data.par_chunks_mut(inp * NR)
+            .zip(w.par_chunks(inp * NR))
+            .for_each(|(panel, rows)| {
+                for (j, row) in rows.chunks_exact(inp).enumerate() {
+                    for (k, &v) in row.iter().enumerate() {
+                        panel[k * NR + j] = v;
+                    }
+                }
+            });
+        Ok(Self { data, inp, out })
+    }
+
+    /// Copies row `n` of `W` (`in` elements) into `dst`.
+    pub(crate) fn row_into(&self, n: usize, dst: &mut [f32]) {
+        let panel = &self.data[(n / NR) * self.inp * NR..][..self.inp * NR];
+        for (d, w) in dst.iter_mut().zip(panel.chunks_exact(NR)) {
+            *d = w[n % NR];
+        }
+    }
+}
+
+/// A destination that parallel tasks write in disjoint `(row, column)` blocks.
+#[derive(Clone, Copy)]
+struct SharedDst(*mut f32);
+// SAFETY: the tasks of `linear` write disjoint elements of the destination, which outlives them.
+unsafe impl Send for SharedDst {}
+// SAFETY: as above.
+unsafe impl Sync for SharedDst {}
+
+/// `dst[rows, out] (+)= x[rows, in] · Wᵀ` (adding the product to `dst` when `accumulate`).
+///
+/// Every output element is one chain of fused multiply-adds over `in`, in order, from zero (then
+/// added to `dst` when accumulating): its bits depend on its own row only, not on how many rows
+/// the product has, how they are tiled or how many threads share the work, so a sequence samples
+/// the same tokens alone or among others, on one rank or split across ranks. The chains are
+/// vectorised across output columns (no horizontal sums), with AVX-512 or AVX2 + FMA code where
+/// the CPU has them and the same values everywhere.
 pub(crate) fn linear(
     dst: &mut [f32],
     accumulate: bool,
     x: &[f32],
     rows: usize,
-    wt: &[f32],
-    out: usize,
+    w: &Panels,
 ) -> Result<()> {
-    let inp = x.len().checked_div(rows).unwrap_or(0);
-    if rows * inp != x.len() || wt.len() != out * inp || dst.len() != rows * out {
+    let (inp, out) = (w.inp, w.out);
+    if x.len() != rows * inp || dst.len() != rows * out {
         bail!(
-            "decode linear: x {} / w {} / dst {} do not fit {rows} rows and {out} outputs",
+            "decode linear: x {} / dst {} do not fit {rows} rows of {inp} inputs and {out} outputs",
             x.len(),
-            wt.len(),
             dst.len()
         );
     }
-    if rows == 1 {
-        // One row would take gemm's matrix-vector path, which sums in another order than its
-        // matrix kernel: run it as two equal rows so that a sequence's logits are the same bits
-        // whether it runs alone or among others (data-parallel ranks generating parts of a step
-        // sample what one process samples whole).
-        let x2 = [x, x].concat();
-        let mut d2 = if accumulate {
-            [&*dst, &*dst].concat()
-        } else {
-            vec![0f32; 2 * out]
-        };
-        linear(&mut d2, accumulate, &x2, 2, wt, out)?;
-        dst.copy_from_slice(&d2[..out]);
+    if rows == 0 {
         return Ok(());
     }
-    let a = MatRef::rows(x, 0, rows, inp, inp);
-    let b = MatRef::rows(wt, 0, inp, out, out);
-    let parallel = rayon::current_num_threads() > 1 && rows * inp * out >= 1 << 16;
-    gemm(dst, 0, out, accumulate, a, b, 1.0, parallel)
+    let panels = out.div_ceil(NR);
+    let row_blocks = rows.div_ceil(ROW_BLOCK);
+    let block_rows = rows.min(ROW_BLOCK);
+    // Panels per task: enough multiply-adds to pay for a task, and enough tasks for the threads.
+    let per_panel = block_rows * inp * NR;
+    let threads = rayon::current_num_threads();
+    let by_work = (MIN_TASK_MACS / per_panel.max(1)).max(1);
+    let by_threads = (panels * row_blocks).div_ceil(4 * threads).max(1);
+    let group = by_work.min(by_threads).min(panels);
+    let groups = panels.div_ceil(group);
+    let dst = SharedDst(dst.as_mut_ptr());
+    let task = |t: usize| {
+        let (rb, g) = (t / groups, t % groups);
+        let r0 = rb * ROW_BLOCK;
+        let r1 = (r0 + ROW_BLOCK).min(rows);
+        for p in g * group..((g + 1) * group).min(panels) {
+            let panel = &w.data[p * inp * NR..(p + 1) * inp * NR];
+            let cols = NR.min(out - p * NR);
+            // SAFETY: this task alone writes rows `r0..r1` of columns `p·NR..p·NR + cols`, all
+            // inside `dst` (`rows × out`, checked above), which outlives the tasks.
+            unsafe { panel_rows(dst, accumulate, x, r0, r1, inp, out, panel, p * NR, cols) };
+        }
+    };
+    let tasks = row_blocks * groups;
+    if tasks == 1 || threads == 1 {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+    Ok(())
 }
 
-/// The `[cols, rows]` transpose of a row-major `[rows, cols]` matrix.
-pub(crate) fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; m.len()];
-    for (r, row) in m.chunks_exact(cols).enumerate().take(rows) {
-        for (c, &v) in row.iter().enumerate() {
-            t[c * rows + r] = v;
+/// Rows `r0..r1` (at most [`ROW_BLOCK`]) of one panel's columns: blocks of [`KB`] inputs, each
+/// run over all the row tiles of [`MR`] rows while the block of the panel is in the L1 cache.
+///
+/// # Safety
+///
+/// Rows `r0..r1` and columns `c0..c0 + cols` of the `[_, out]` destination must be in bounds and
+/// written by no one else meanwhile; `x` holds rows `r0..r1` of `inp` elements.
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_rows(
+    dst: SharedDst,
+    accumulate: bool,
+    x: &[f32],
+    r0: usize,
+    r1: usize,
+    inp: usize,
+    out: usize,
+    panel: &[f32],
+    c0: usize,
+    cols: usize,
+) {
+    let (panel, _) = panel.as_chunks::<NR>();
+    let xs = &x[r0 * inp..r1 * inp];
+    let mut acc = [[0f32; NR]; ROW_BLOCK];
+    let acc = &mut acc[..r1 - r0];
+    for k0 in (0..inp).step_by(KB) {
+        let block = &panel[k0..(k0 + KB).min(inp)];
+        for (t, acc) in acc.chunks_mut(MR).enumerate() {
+            tile_dispatch(acc, &xs[t * MR * inp..], inp, k0, block);
         }
     }
-    t
+    for (i, acc) in acc.iter().enumerate() {
+        // SAFETY: row `r0 + i` < `r1` and columns `c0..c0 + cols` are this caller's to write.
+        let row = unsafe { std::slice::from_raw_parts_mut(dst.0.add((r0 + i) * out + c0), cols) };
+        if accumulate {
+            row.iter_mut().zip(acc).for_each(|(d, a)| *d += a);
+        } else {
+            row.copy_from_slice(&acc[..cols]);
+        }
+    }
+}
+
+/// Continues the chains of a register tile of `acc.len()` (≤ [`MR`]) rows over one block of a
+/// panel, with AVX-512 or AVX2 + FMA where the CPU has them (each step is one fused
+/// multiply-add whatever the code path, so the values are the same).
+fn tile_dispatch(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block: &[[f32; NR]]) {
+    let n = block.len();
+    assert!(
+        acc.len() <= MR && k0 + n <= inp && xs.len() >= (acc.len().max(1) - 1) * inp + k0 + n,
+        "decode tile out of bounds"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! rows {
+            ($f:ident) => {
+                // SAFETY: the CPU supports the function's target features (checked by the
+                // caller's branch) and every row of `xs` holds the block's inputs (asserted).
+                unsafe {
+                    match acc.len() {
+                        1 => $f::<1>(acc, xs, inp, k0, block),
+                        2 => $f::<2>(acc, xs, inp, k0, block),
+                        3 => $f::<3>(acc, xs, inp, k0, block),
+                        4 => $f::<4>(acc, xs, inp, k0, block),
+                        5 => $f::<5>(acc, xs, inp, k0, block),
+                        _ => $f::<MR>(acc, xs, inp, k0, block),
+                    }
+                }
+            };
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            rows!(tile_avx512);
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            rows!(tile_avx2);
+            return;
+        }
+    }
+    tile_rows(acc, xs, inp, k0, block);
+}
+
+/// [`tile`] in AVX-512: one register per row, the block's row loaded once per input.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F; `acc` has `R` rows and `xs` holds `R` rows of `inp` inputs
+/// covering `k0..k0 + block.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512<const R: usize>(
+    acc: &mut [[f32; NR]],
+    xs: &[f32],
+    inp: usize,
+    k0: usize,
+    block: &[[f32; NR]],
+) {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_setzero_ps(); R];
+    for (a, acc) in a.iter_mut().zip(acc.iter()) {
+        // SAFETY: `acc` rows hold NR = 16 floats.
+        *a = unsafe { _mm512_loadu_ps(acc.as_ptr()) };
+    }
+    let x = xs.as_ptr();
+    for (k, w) in block.iter().enumerate() {
+        // SAFETY: `w` holds 16 floats.
+        let wv = unsafe { _mm512_loadu_ps(w.as_ptr()) };
+        for (r, a) in a.iter_mut().enumerate() {
+            // SAFETY: row `r` of `xs` holds input `k0 + k` (the caller's contract).
+            let xv = unsafe { *x.add(r * inp + k0 + k) };
+            *a = _mm512_fmadd_ps(_mm512_set1_ps(xv), wv, *a);
+        }
+    }
+    for (a, acc) in a.iter().zip(acc.iter_mut()) {
+        // SAFETY: as for the loads.
+        unsafe { _mm512_storeu_ps(acc.as_mut_ptr(), *a) };
+    }
+}
+
+/// [`tile`] in AVX2 + FMA: two registers per row, the block's row loaded once per input.
+///
+/// # Safety
+///
+/// The CPU must support AVX2 and FMA; `acc` has `R` rows and `xs` holds `R` rows of `inp`
+/// inputs covering `k0..k0 + block.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const R: usize>(
+    acc: &mut [[f32; NR]],
+    xs: &[f32],
+    inp: usize,
+    k0: usize,
+    block: &[[f32; NR]],
+) {
+    use std::arch::x86_64::*;
+    let mut a = [[_mm256_setzero_ps(); 2]; R];
+    for (a, acc) in a.iter_mut().zip(acc.iter()) {
+        // SAFETY: `acc` rows hold NR = 16 floats.
+        unsafe {
+            a[0] = _mm256_loadu_ps(acc.as_ptr());
+            a[1] = _mm256_loadu_ps(acc.as_ptr().add(8));
+        }
+    }
+    let x = xs.as_ptr();
+    for (k, w) in block.iter().enumerate() {
+        // SAFETY: `w` holds 16 floats.
+        let (w0, w1) = unsafe {
+            (
+                _mm256_loadu_ps(w.as_ptr()),
+                _mm256_loadu_ps(w.as_ptr().add(8)),
+            )
+        };
+        for (r, a) in a.iter_mut().enumerate() {
+            // SAFETY: row `r` of `xs` holds input `k0 + k` (the caller's contract).
+            let xv = _mm256_set1_ps(unsafe { *x.add(r * inp + k0 + k) });
+            a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
+            a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
+        }
+    }
+    for (a, acc) in a.iter().zip(acc.iter_mut()) {
+        // SAFETY: as for the loads.
+        unsafe {
+            _mm256_storeu_ps(acc.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
+
+/// Dispatches on the tile's row count so that each size is its own fully unrolled kernel.
+#[inline(always)]
+fn tile_rows(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block: &[[f32; NR]]) {
+    match acc.len() {
+        1 => tile::<1>(acc, xs, inp, k0, block),
+        2 => tile::<2>(acc, xs, inp, k0, block),
+        3 => tile::<3>(acc, xs, inp, k0, block),
+        4 => tile::<4>(acc, xs, inp, k0, block),
+        5 => tile::<5>(acc, xs, inp, k0, block),
+        _ => tile::<MR>(acc, xs, inp, k0, block),
+    }
+}
+
+/// `acc[r][j] += xs[r·inp + k0 + k] · block[k][j]` for each `k` in order, one fused multiply-add
+/// at a time per element.
+#[inline(always)]
+fn tile<const R: usize>(
+    acc: &mut [[f32; NR]],
+    xs: &[f32],
+    inp: usize,
+    k0: usize,
+    block: &[[f32; NR]],
+) {
+    let n = block.len();
+    let mut a: [[f32; NR]; R] = std::array::from_fn(|r| acc[r]);
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &xs[r * inp + k0..r * inp + k0 + n]);
+    for (k, w) in block.iter().enumerate() {
+        for (a, row) in a.iter_mut().zip(&rows) {
+            let xv = row[k];
+            for (a, &w) in a.iter_mut().zip(w) {
+                *a = xv.mul_add(w, *a);
+            }
+        }
+    }
+    acc[..R].copy_from_slice(&a);
 }
 
 /// Inverse root-mean-square of one row.
@@ -237,31 +505,119 @@ pub(crate) fn cached_attention(
         .into_par_iter()
         .zip(parts)
         .for_each(|((s, r0, rows, packed), out)| {
-            let seq = &seqs[s];
-            let len = seq.k.len() / kv_width;
-            let mut scores = vec![0f32; len];
-            for i in 0..rows {
-                let visible = len - seq.n + r0 + i + 1;
-                let q = &qkv[(packed + i) * width..(packed + i) * width + hq * d];
-                let o = &mut out[i * hq * d..(i + 1) * hq * d];
-                for h in 0..hq {
-                    let g = h / (hq / hkv);
-                    attend(
-                        &mut o[h * d..(h + 1) * d],
-                        &q[h * d..(h + 1) * d],
-                        seq,
-                        g * d,
-                        kv_width,
-                        &mut scores[..visible],
-                        dims.scale,
-                    );
-                }
-            }
+            let unit = Unit {
+                seq: &seqs[s],
+                first: r0,
+                rows,
+                q: &qkv[packed * width..],
+                width,
+                dims,
+            };
+            unit.run_widest(out);
         });
     Ok(())
 }
 
+/// Query rows `first..first + rows` of one sequence in [`cached_attention`].
+struct Unit<'a> {
+    seq: &'a CachedSeq<'a>,
+    first: usize,
+    rows: usize,
+    /// The packed rows of `qkv` from the unit's first query row on.
+    q: &'a [f32],
+    width: usize,
+    dims: AttnDims,
+}
+
+impl Unit<'_> {
+    /// [`Unit::run`] compiled for AVX-512 or AVX2 where the CPU has them: the same operations in
+    /// the same order (no fused multiply-adds), so the same values, in wider registers.
+    fn run_widest(&self, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports the target features the function is compiled for.
+                unsafe { self.run_avx512(out) };
+                return;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: as above.
+                unsafe { self.run_avx2(out) };
+                return;
+            }
+        }
+        self.run(out);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn run_avx512(&self, out: &mut [f32]) {
+        self.run(out);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn run_avx2(&self, out: &mut [f32]) {
+        self.run(out);
+    }
+
+    /// Every query head of the unit's rows, written to `out` (`[rows, hq·D]`).
+    #[inline(always)]
+    fn run(&self, out: &mut [f32]) {
+        let AttnDims { hq, hkv, d, scale } = self.dims;
+        let (seq, kv_width) = (self.seq, hkv * d);
+        let len = seq.k.len() / kv_width;
+        let mut scores = vec![0f32; len];
+        for i in 0..self.rows {
+            let visible = len - seq.n + self.first + i + 1;
+            let q = &self.q[i * self.width..i * self.width + hq * d];
+            let o = &mut out[i * hq * d..(i + 1) * hq * d];
+            for h in 0..hq {
+                let g = h / (hq / hkv);
+                attend(
+                    &mut o[h * d..(h + 1) * d],
+                    &q[h * d..(h + 1) * d],
+                    seq,
+                    g * d,
+                    kv_width,
+                    &mut scores[..visible],
+                    scale,
+                );
+            }
+        }
+    }
+}
+
+/// `Σ a_i · b_i` of a query and a key head in 16 partial sums (one AVX-512 or two AVX2
+/// registers), inlined into the attention so that it is compiled with the caller's features.
+#[inline(always)]
+fn head_dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (xs, ys) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(xs).zip(ys) {
+            *s += x * y;
+        }
+    }
+    let mut w = L / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+        w /= 2;
+    }
+    acc[0] + tail
+}
+
 /// One query head over the first `scores.len()` positions of KV head columns `col..col + D`.
+#[inline(always)]
 fn attend(
     out: &mut [f32],
     q: &[f32],
@@ -275,7 +631,7 @@ fn attend(
     let mut max = f32::NEG_INFINITY;
     for (j, s) in scores.iter_mut().enumerate() {
         let k = &seq.k[j * kv_width + col..j * kv_width + col + d];
-        *s = dot(q, k) * scale;
+        *s = head_dot(q, k) * scale;
         max = max.max(*s);
     }
     scores.iter_mut().for_each(|s| *s -= max);
@@ -290,4 +646,101 @@ fn attend(
     }
     let inv = total.recip();
     out.iter_mut().for_each(|o| *o *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic pseudo-random values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn panel_products_match_f64_and_do_not_depend_on_the_row_count() {
+        // Output widths that do and do not fill the last panel, rows across tiles and blocks.
+        for &(inp, out) in &[(7usize, 5usize), (64, 48), (33, 70), (96, 130)] {
+            let w = values(out * inp, inp as u64);
+            let panels = Panels::pack(&w, inp).unwrap();
+            let rows = 2 * ROW_BLOCK + MR + 1;
+            let x = values(rows * inp, out as u64);
+            let base = values(rows * out, 3);
+            for accumulate in [false, true] {
+                let mut all = base.clone();
+                linear(&mut all, accumulate, &x, rows, &panels).unwrap();
+                for r in 0..rows {
+                    for n in 0..out {
+                        let exact: f64 = (0..inp)
+                            .map(|k| x[r * inp + k] as f64 * w[n * inp + k] as f64)
+                            .sum::<f64>()
+                            + if accumulate {
+                                base[r * out + n] as f64
+                            } else {
+                                0.0
+                            };
+                        let got = all[r * out + n] as f64;
+                        assert!(
+                            (got - exact).abs() < 1e-5 * (1.0 + exact.abs()),
+                            "{got} vs {exact}"
+                        );
+                    }
+                }
+                // Each row alone, and every other row count, gives the same bits.
+                for take in [1, 2, MR - 1, MR + 1, ROW_BLOCK + 3] {
+                    for r0 in (0..rows - take).step_by(take + 5) {
+                        let mut part = base[r0 * out..(r0 + take) * out].to_vec();
+                        let xs = &x[r0 * inp..(r0 + take) * inp];
+                        linear(&mut part, accumulate, xs, take, &panels).unwrap();
+                        assert_eq!(
+                            part,
+                            all[r0 * out..(r0 + take) * out],
+                            "{take} rows at {r0}"
+                        );
+                    }
+                }
+            }
+            let mut row = vec![0f32; inp];
+            panels.row_into(out - 1, &mut row);
+            assert_eq!(row, w[(out - 1) * inp..]);
+        }
+    }
+
+    #[test]
+    fn the_vector_tiles_compute_the_portable_tiles_bits() {
+        let inp = 37;
+        let w = values(NR * inp, 5);
+        let panels = Panels::pack(&w, inp).unwrap();
+        let (block, _) = panels.data.as_chunks::<NR>();
+        let xs = values(MR * inp, 6);
+        for rows in 1..=MR {
+            let start: Vec<[f32; NR]> = (0..rows)
+                .map(|r| std::array::from_fn(|j| (r * NR + j) as f32 * 0.01))
+                .collect();
+            let (mut fast, mut portable) = (start.clone(), start);
+            tile_dispatch(&mut fast, &xs, inp, 3, &block[3..30]);
+            tile_rows(&mut portable, &xs, inp, 3, &block[3..30]);
+            assert_eq!(fast, portable, "{rows} rows");
+        }
+    }
+
+    #[test]
+    fn panel_products_refuse_mismatched_buffers() {
+        assert!(Panels::pack(&[1.0; 7], 2).is_err());
+        assert!(Panels::pack(&[], 0).is_err());
+        let p = Panels::pack(&[1.0; 6], 3).unwrap();
+        assert!(linear(&mut [0.0; 2], false, &[1.0; 4], 1, &p).is_err());
+        assert!(linear(&mut [0.0; 3], false, &[1.0; 3], 1, &p).is_err());
+        let mut d = [0.0; 2];
+        linear(&mut d, false, &[1.0; 3], 1, &p).unwrap();
+        assert_eq!(d, [3.0, 3.0]);
+    }
 }
