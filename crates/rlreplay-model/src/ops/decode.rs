@@ -14,10 +14,13 @@ const MIN_TASK: usize = 1 << 14;
 
 /// Output columns per panel of [`Panels`] (two AVX2 or one AVX-512 register of f32).
 const NR: usize = 16;
-/// Rows per register tile of [`linear`] (6 × 16 accumulators fill twelve AVX2 registers).
-const MR: usize = 6;
+/// Rows per register tile of [`linear`] (12 × 16 accumulators: twelve AVX-512 registers).
+const MR: usize = 12;
+/// Rows per register tile of the AVX2 and portable kernels (6 × 16 accumulators fill twelve AVX2
+/// registers); they run a tile of [`MR`] rows as two.
+const MR_NARROW: usize = 6;
 /// Rows per parallel task of [`linear`] when a product has many rows (a multiple of [`MR`]).
-const ROW_BLOCK: usize = 8 * MR;
+const ROW_BLOCK: usize = 4 * MR;
 /// Inputs per block of a panel that all row tiles of a task go through in turn (16 KiB).
 const KB: usize = 256;
 /// Multiply-adds per parallel task of [`linear`] (smaller products run on the caller's thread).
@@ -181,32 +184,32 @@ fn tile_dispatch(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! rows {
-            ($f:ident) => {
+            ($f:ident, $acc:expr, $xs:expr, $($r:literal)*) => {
                 // SAFETY: the CPU supports the function's target features (checked by the
                 // caller's branch) and every row of `xs` holds the block's inputs (asserted).
                 unsafe {
-                    match acc.len() {
-                        1 => $f::<1>(acc, xs, inp, k0, block),
-                        2 => $f::<2>(acc, xs, inp, k0, block),
-                        3 => $f::<3>(acc, xs, inp, k0, block),
-                        4 => $f::<4>(acc, xs, inp, k0, block),
-                        5 => $f::<5>(acc, xs, inp, k0, block),
-                        _ => $f::<MR>(acc, xs, inp, k0, block),
+                    match $acc.len() {
+                        $($r => $f::<$r>($acc, $xs, inp, k0, block),)*
+                        _ => unreachable!("tile rows checked above"),
                     }
                 }
             };
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
-            rows!(tile_avx512);
+            rows!(tile_avx512, acc, xs, 1 2 3 4 5 6 7 8 9 10 11 12);
             return;
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
-            rows!(tile_avx2);
+            for (c, acc) in acc.chunks_mut(MR_NARROW).enumerate() {
+                rows!(tile_avx2, acc, &xs[c * MR_NARROW * inp..], 1 2 3 4 5 6);
+            }
             return;
         }
     }
-    tile_rows(acc, xs, inp, k0, block);
+    for (c, acc) in acc.chunks_mut(MR_NARROW).enumerate() {
+        tile_rows(acc, &xs[c * MR_NARROW * inp..], inp, k0, block);
+    }
 }
 
 /// [`tile`] in AVX-512: one register per row, the block's row loaded once per input.
@@ -304,7 +307,7 @@ fn tile_rows(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block: &[
         3 => tile::<3>(acc, xs, inp, k0, block),
         4 => tile::<4>(acc, xs, inp, k0, block),
         5 => tile::<5>(acc, xs, inp, k0, block),
-        _ => tile::<MR>(acc, xs, inp, k0, block),
+        _ => tile::<MR_NARROW>(acc, xs, inp, k0, block),
     }
 }
 
@@ -552,18 +555,23 @@ impl Unit<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn run_avx512(&self, out: &mut [f32]) {
-        self.run(out);
+        self.run_with(out, |a, b| head_dot_avx512(a, b));
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     fn run_avx2(&self, out: &mut [f32]) {
-        self.run(out);
+        self.run_with(out, |a, b| head_dot_avx2(a, b));
     }
 
-    /// Every query head of the unit's rows, written to `out` (`[rows, hq·D]`).
-    #[inline(always)]
     fn run(&self, out: &mut [f32]) {
+        self.run_with(out, head_dot);
+    }
+
+    /// Every query head of the unit's rows, written to `out` (`[rows, hq·D]`), the scores' dot
+    /// products by `dot` ([`head_dot`] or one of its vector versions).
+    #[inline(always)]
+    fn run_with(&self, out: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32 + Copy) {
         let AttnDims { hq, hkv, d, scale } = self.dims;
         let (seq, kv_width) = (self.seq, hkv * d);
         let len = seq.k.len() / kv_width;
@@ -582,42 +590,93 @@ impl Unit<'_> {
                     kv_width,
                     &mut scores[..visible],
                     scale,
+                    dot,
                 );
             }
         }
     }
 }
 
-/// `Σ a_i · b_i` of a query and a key head in 16 partial sums (one AVX-512 or two AVX2
-/// registers), inlined into the attention so that it is compiled with the caller's features.
+/// `Σ a_i · b_i` of a query and a key head in 16 partial sums (lane `i` adds the products
+/// `a_j · b_j` with `j ≡ i mod 16`, in order), folded by [`fold16`]; the vector versions
+/// ([`head_dot_avx512`], [`head_dot_avx2`]) do the same operations.
 #[inline(always)]
 fn head_dot(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
-    let mut acc = [0f32; L];
-    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (xs, ys) in ca.zip(cb) {
-        for ((s, &x), &y) in acc.iter_mut().zip(xs).zip(ys) {
-            *s += x * y;
+    let n = a.len().min(b.len());
+    let (ca, ta) = a[..n].as_chunks::<16>();
+    let (cb, tb) = b[..n].as_chunks::<16>();
+    let mut acc = [0f32; 16];
+    for (xs, ys) in ca.iter().zip(cb) {
+        for i in 0..16 {
+            acc[i] += xs[i] * ys[i];
         }
     }
-    let mut w = L / 2;
-    while w > 0 {
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-        w /= 2;
+    fold16(acc, ta, tb)
+}
+
+/// The 16 partial sums folded in halves (`i + 8`, `i + 4`, `i + 2`, `i + 1`), plus the products
+/// of the tails.
+#[inline(always)]
+fn fold16(acc: [f32; 16], ta: &[f32], tb: &[f32]) -> f32 {
+    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y).sum();
+    let h8: [f32; 8] = std::array::from_fn(|i| acc[i] + acc[i + 8]);
+    let h4: [f32; 4] = std::array::from_fn(|i| h8[i] + h8[i + 4]);
+    (h4[0] + h4[2]) + (h4[1] + h4[3]) + tail
+}
+
+/// [`head_dot`] in one AVX-512 register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn head_dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (ca, ta) = a[..n].as_chunks::<16>();
+    let (cb, tb) = b[..n].as_chunks::<16>();
+    let mut acc = _mm512_setzero_ps();
+    for (xs, ys) in ca.iter().zip(cb) {
+        // SAFETY: both chunks hold 16 floats.
+        let (x, y) = unsafe { (_mm512_loadu_ps(xs.as_ptr()), _mm512_loadu_ps(ys.as_ptr())) };
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
     }
-    acc[0] + tail
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` holds 16 floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+    fold16(lanes, ta, tb)
+}
+
+/// [`head_dot`] in two AVX2 registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn head_dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (ca, ta) = a[..n].as_chunks::<16>();
+    let (cb, tb) = b[..n].as_chunks::<16>();
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (xs, ys) in ca.iter().zip(cb) {
+        // SAFETY: both chunks hold 16 floats.
+        unsafe {
+            let (x0, y0) = (_mm256_loadu_ps(xs.as_ptr()), _mm256_loadu_ps(ys.as_ptr()));
+            let (x1, y1) = (
+                _mm256_loadu_ps(xs.as_ptr().add(8)),
+                _mm256_loadu_ps(ys.as_ptr().add(8)),
+            );
+            lo = _mm256_add_ps(lo, _mm256_mul_ps(x0, y0));
+            hi = _mm256_add_ps(hi, _mm256_mul_ps(x1, y1));
+        }
+    }
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` holds 16 floats.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    }
+    fold16(lanes, ta, tb)
 }
 
 /// One query head over the first `scores.len()` positions of KV head columns `col..col + D`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend(
     out: &mut [f32],
     q: &[f32],
@@ -626,12 +685,13 @@ fn attend(
     kv_width: usize,
     scores: &mut [f32],
     scale: f32,
+    dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
     let d = q.len();
     let mut max = f32::NEG_INFINITY;
     for (j, s) in scores.iter_mut().enumerate() {
         let k = &seq.k[j * kv_width + col..j * kv_width + col + d];
-        *s = head_dot(q, k) * scale;
+        *s = dot(q, k) * scale;
         max = max.max(*s);
     }
     scores.iter_mut().for_each(|s| *s -= max);
@@ -727,8 +787,31 @@ mod tests {
                 .collect();
             let (mut fast, mut portable) = (start.clone(), start);
             tile_dispatch(&mut fast, &xs, inp, 3, &block[3..30]);
-            tile_rows(&mut portable, &xs, inp, 3, &block[3..30]);
+            for (c, p) in portable.chunks_mut(MR_NARROW).enumerate() {
+                tile_rows(p, &xs[c * MR_NARROW * inp..], inp, 3, &block[3..30]);
+            }
             assert_eq!(fast, portable, "{rows} rows");
+        }
+    }
+
+    #[test]
+    fn the_vector_head_dots_compute_the_portable_bits() {
+        for n in [64, 128, 37, 5] {
+            let (a, b) = (values(n, 7), values(n, 8));
+            let want = head_dot(&a, &b);
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports AVX-512F.
+                    assert_eq!(unsafe { head_dot_avx512(&a, &b) }.to_bits(), want.to_bits());
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2.
+                    assert_eq!(unsafe { head_dot_avx2(&a, &b) }.to_bits(), want.to_bits());
+                }
+            }
+            let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((want as f64 - exact).abs() < 1e-5);
         }
     }
 
