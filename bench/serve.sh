@@ -5,6 +5,8 @@
 #    engine decoding the same prompts as one batch (serve_bench: random Qwen3, 4 layers, hidden
 #    256, vocab 8192; 32-token prompts, 128 new tokens each, temperature 1, top-p 0.95), the two
 #    paths alternating ROUNDS times per concurrency; medians and the ratio serve / engine.
+#    With MODEL=DIR in the environment, on that model directory instead (for example
+#    models/smollm2-135m-instruct).
 # 2. Wall time per RL step of the toy preset (configs/toy-arith.toml) with generation local, on
 #    SERVERS `rlreplay serve` processes synchronously, and on them with
 #    `rollout.max_off_policy_steps = 1`; the three runs alternate ROUNDS times. A step's time is
