@@ -109,6 +109,10 @@ pub(crate) fn linear(
     let by_threads = (panels * row_blocks).div_ceil(4 * threads).max(1);
     let group = by_work.min(by_threads).min(panels);
     let groups = panels.div_ceil(group);
+    // The rows in tiles of MR, each tile input-major (`[in][rows of the tile]`), so that a
+    // tile's inputs at one position are adjacent.
+    let xp = pack_rows(x, inp);
+    let x = &xp[..];
     let dst = SharedDst(dst.as_mut_ptr());
     let task = |t: usize| {
         let (rb, g) = (t / groups, t % groups);
@@ -131,13 +135,29 @@ pub(crate) fn linear(
     Ok(())
 }
 
+/// `x` (`[rows, inp]`) in tiles of [`MR`] rows (the last may have fewer), one after another,
+/// each stored input-major: element `(r, k)` of the tile at `k · tile_rows + r`.
+fn pack_rows(x: &[f32], inp: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (tile, dst) in x.chunks(MR * inp).zip(out.chunks_mut(MR * inp)) {
+        let n = tile.len() / inp;
+        for (r, row) in tile.chunks_exact(inp).enumerate() {
+            for (k, &v) in row.iter().enumerate() {
+                dst[k * n + r] = v;
+            }
+        }
+    }
+    out
+}
+
 /// Rows `r0..r1` (at most [`ROW_BLOCK`]) of one panel's columns: blocks of [`KB`] inputs, each
 /// run over all the row tiles of [`MR`] rows while the block of the panel is in the L1 cache.
 ///
 /// # Safety
 ///
 /// Rows `r0..r1` and columns `c0..c0 + cols` of the `[_, out]` destination must be in bounds and
-/// written by no one else meanwhile; `x` holds rows `r0..r1` of `inp` elements.
+/// written by no one else meanwhile; `x` holds the rows packed by [`pack_rows`], `r0` a multiple
+/// of [`MR`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_rows(
     dst: SharedDst,
@@ -157,8 +177,8 @@ unsafe fn panel_rows(
     let acc = &mut acc[..r1 - r0];
     for k0 in (0..inp).step_by(KB) {
         let block = &panel[k0..(k0 + KB).min(inp)];
-        for (t, acc) in acc.chunks_mut(MR).enumerate() {
-            tile_dispatch(acc, &xs[t * MR * inp..], inp, k0, block);
+        for (acc, xt) in acc.chunks_mut(MR).zip(xs.chunks(MR * inp)) {
+            tile_dispatch(acc, xt, k0, block);
         }
     }
     for (i, acc) in acc.iter().enumerate() {
@@ -174,41 +194,42 @@ unsafe fn panel_rows(
 
 /// Continues the chains of a register tile of `acc.len()` (≤ [`MR`]) rows over one block of a
 /// panel, with AVX-512 or AVX2 + FMA where the CPU has them (each step is one fused
-/// multiply-add whatever the code path, so the values are the same).
-fn tile_dispatch(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block: &[[f32; NR]]) {
-    let n = block.len();
+/// multiply-add whatever the code path, so the values are the same). `xt` is the tile's rows
+/// packed input-major (`[in][acc.len()]`).
+fn tile_dispatch(acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[[f32; NR]]) {
+    let (rows, n) = (acc.len(), block.len());
     assert!(
-        acc.len() <= MR && k0 + n <= inp && xs.len() >= (acc.len().max(1) - 1) * inp + k0 + n,
+        rows <= MR && xt.len() >= (k0 + n) * rows,
         "decode tile out of bounds"
     );
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! rows {
-            ($f:ident, $acc:expr, $xs:expr, $($r:literal)*) => {
+            ($f:ident, $acc:expr, $off:expr, $($r:literal)*) => {
                 // SAFETY: the CPU supports the function's target features (checked by the
-                // caller's branch) and every row of `xs` holds the block's inputs (asserted).
+                // caller's branch) and `xt` holds the block's inputs of every row (asserted).
                 unsafe {
                     match $acc.len() {
-                        $($r => $f::<$r>($acc, $xs, inp, k0, block),)*
+                        $($r => $f::<$r>($acc, xt, rows, $off, k0, block),)*
                         _ => unreachable!("tile rows checked above"),
                     }
                 }
             };
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
-            rows!(tile_avx512, acc, xs, 1 2 3 4 5 6 7 8 9 10 11 12);
+            rows!(tile_avx512, acc, 0, 1 2 3 4 5 6 7 8 9 10 11 12);
             return;
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             for (c, acc) in acc.chunks_mut(MR_NARROW).enumerate() {
-                rows!(tile_avx2, acc, &xs[c * MR_NARROW * inp..], 1 2 3 4 5 6);
+                rows!(tile_avx2, acc, c * MR_NARROW, 1 2 3 4 5 6);
             }
             return;
         }
     }
     for (c, acc) in acc.chunks_mut(MR_NARROW).enumerate() {
-        tile_rows(acc, &xs[c * MR_NARROW * inp..], inp, k0, block);
+        tile_rows(acc, xt, rows, c * MR_NARROW, k0, block);
     }
 }
 
@@ -216,14 +237,15 @@ fn tile_dispatch(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block
 ///
 /// # Safety
 ///
-/// The CPU must support AVX-512F; `acc` has `R` rows and `xs` holds `R` rows of `inp` inputs
-/// covering `k0..k0 + block.len()`.
+/// The CPU must support AVX-512F; `acc` has `R` rows, and `xt` holds inputs `k0..k0 +
+/// block.len()` of rows `off..off + R` of a tile of `stride` rows packed input-major.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tile_avx512<const R: usize>(
     acc: &mut [[f32; NR]],
-    xs: &[f32],
-    inp: usize,
+    xt: &[f32],
+    stride: usize,
+    off: usize,
     k0: usize,
     block: &[[f32; NR]],
 ) {
@@ -233,15 +255,17 @@ unsafe fn tile_avx512<const R: usize>(
         // SAFETY: `acc` rows hold NR = 16 floats.
         *a = unsafe { _mm512_loadu_ps(acc.as_ptr()) };
     }
-    let x = xs.as_ptr();
-    for (k, w) in block.iter().enumerate() {
+    // SAFETY: input `k0` of row `off` is inside `xt` (the caller's contract).
+    let mut x = unsafe { xt.as_ptr().add(k0 * stride + off) };
+    for w in block {
         // SAFETY: `w` holds 16 floats.
         let wv = unsafe { _mm512_loadu_ps(w.as_ptr()) };
         for (r, a) in a.iter_mut().enumerate() {
-            // SAFETY: row `r` of `xs` holds input `k0 + k` (the caller's contract).
-            let xv = unsafe { *x.add(r * inp + k0 + k) };
+            // SAFETY: rows `off..off + R` of this input are inside `xt` (the caller's contract).
+            let xv = unsafe { *x.add(r) };
             *a = _mm512_fmadd_ps(_mm512_set1_ps(xv), wv, *a);
         }
+        x = x.wrapping_add(stride);
     }
     for (a, acc) in a.iter().zip(acc.iter_mut()) {
         // SAFETY: as for the loads.
@@ -253,14 +277,15 @@ unsafe fn tile_avx512<const R: usize>(
 ///
 /// # Safety
 ///
-/// The CPU must support AVX2 and FMA; `acc` has `R` rows and `xs` holds `R` rows of `inp`
-/// inputs covering `k0..k0 + block.len()`.
+/// The CPU must support AVX2 and FMA; `acc` has `R` rows, and `xt` holds inputs `k0..k0 +
+/// block.len()` of rows `off..off + R` of a tile of `stride` rows packed input-major.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const R: usize>(
     acc: &mut [[f32; NR]],
-    xs: &[f32],
-    inp: usize,
+    xt: &[f32],
+    stride: usize,
+    off: usize,
     k0: usize,
     block: &[[f32; NR]],
 ) {
@@ -273,8 +298,9 @@ unsafe fn tile_avx2<const R: usize>(
             a[1] = _mm256_loadu_ps(acc.as_ptr().add(8));
         }
     }
-    let x = xs.as_ptr();
-    for (k, w) in block.iter().enumerate() {
+    // SAFETY: input `k0` of row `off` is inside `xt` (the caller's contract).
+    let mut x = unsafe { xt.as_ptr().add(k0 * stride + off) };
+    for w in block {
         // SAFETY: `w` holds 16 floats.
         let (w0, w1) = unsafe {
             (
@@ -283,11 +309,12 @@ unsafe fn tile_avx2<const R: usize>(
             )
         };
         for (r, a) in a.iter_mut().enumerate() {
-            // SAFETY: row `r` of `xs` holds input `k0 + k` (the caller's contract).
-            let xv = _mm256_set1_ps(unsafe { *x.add(r * inp + k0 + k) });
+            // SAFETY: rows `off..off + R` of this input are inside `xt` (the caller's contract).
+            let xv = _mm256_set1_ps(unsafe { *x.add(r) });
             a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
             a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
         }
+        x = x.wrapping_add(stride);
     }
     for (a, acc) in a.iter().zip(acc.iter_mut()) {
         // SAFETY: as for the loads.
@@ -300,33 +327,39 @@ unsafe fn tile_avx2<const R: usize>(
 
 /// Dispatches on the tile's row count so that each size is its own fully unrolled kernel.
 #[inline(always)]
-fn tile_rows(acc: &mut [[f32; NR]], xs: &[f32], inp: usize, k0: usize, block: &[[f32; NR]]) {
-    match acc.len() {
-        1 => tile::<1>(acc, xs, inp, k0, block),
-        2 => tile::<2>(acc, xs, inp, k0, block),
-        3 => tile::<3>(acc, xs, inp, k0, block),
-        4 => tile::<4>(acc, xs, inp, k0, block),
-        5 => tile::<5>(acc, xs, inp, k0, block),
-        _ => tile::<MR_NARROW>(acc, xs, inp, k0, block),
-    }
-}
-
-/// `acc[r][j] += xs[r·inp + k0 + k] · block[k][j]` for each `k` in order, one fused multiply-add
-/// at a time per element.
-#[inline(always)]
-fn tile<const R: usize>(
+fn tile_rows(
     acc: &mut [[f32; NR]],
-    xs: &[f32],
-    inp: usize,
+    xt: &[f32],
+    stride: usize,
+    off: usize,
     k0: usize,
     block: &[[f32; NR]],
 ) {
-    let n = block.len();
+    match acc.len() {
+        1 => tile::<1>(acc, xt, stride, off, k0, block),
+        2 => tile::<2>(acc, xt, stride, off, k0, block),
+        3 => tile::<3>(acc, xt, stride, off, k0, block),
+        4 => tile::<4>(acc, xt, stride, off, k0, block),
+        5 => tile::<5>(acc, xt, stride, off, k0, block),
+        _ => tile::<MR_NARROW>(acc, xt, stride, off, k0, block),
+    }
+}
+
+/// `acc[r][j] += x(off + r, k0 + k) · block[k][j]` for each `k` in order, one fused multiply-add
+/// at a time per element, `x(r, k) = xt[k · stride + r]` (a tile packed by [`pack_rows`]).
+#[inline(always)]
+fn tile<const R: usize>(
+    acc: &mut [[f32; NR]],
+    xt: &[f32],
+    stride: usize,
+    off: usize,
+    k0: usize,
+    block: &[[f32; NR]],
+) {
     let mut a: [[f32; NR]; R] = std::array::from_fn(|r| acc[r]);
-    let rows: [&[f32]; R] = std::array::from_fn(|r| &xs[r * inp + k0..r * inp + k0 + n]);
     for (k, w) in block.iter().enumerate() {
-        for (a, row) in a.iter_mut().zip(&rows) {
-            let xv = row[k];
+        let xs = &xt[(k0 + k) * stride + off..][..R];
+        for (a, &xv) in a.iter_mut().zip(xs) {
             for (a, &w) in a.iter_mut().zip(w) {
                 *a = xv.mul_add(w, *a);
             }
@@ -780,15 +813,15 @@ mod tests {
         let w = values(NR * inp, 5);
         let panels = Panels::pack(&w, inp).unwrap();
         let (block, _) = panels.data.as_chunks::<NR>();
-        let xs = values(MR * inp, 6);
         for rows in 1..=MR {
+            let xt = pack_rows(&values(rows * inp, 6), inp);
             let start: Vec<[f32; NR]> = (0..rows)
                 .map(|r| std::array::from_fn(|j| (r * NR + j) as f32 * 0.01))
                 .collect();
             let (mut fast, mut portable) = (start.clone(), start);
-            tile_dispatch(&mut fast, &xs, inp, 3, &block[3..30]);
+            tile_dispatch(&mut fast, &xt, 3, &block[3..30]);
             for (c, p) in portable.chunks_mut(MR_NARROW).enumerate() {
-                tile_rows(p, &xs[c * MR_NARROW * inp..], inp, 3, &block[3..30]);
+                tile_rows(p, &xt, rows, c * MR_NARROW, 3, &block[3..30]);
             }
             assert_eq!(fast, portable, "{rows} rows");
         }
