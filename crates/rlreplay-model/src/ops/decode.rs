@@ -2,8 +2,8 @@
 //! products against weights packed in panels, RMSNorm, per-head RMSNorm fused with RoPE, SwiGLU, and
 //! grouped-query attention of the new tokens of many sequences over their own KV caches.
 //!
-//! All functions work on row-major slices; the caller owns every buffer, so a decode step allocates
-//! nothing per sequence or per layer.
+//! All functions work on row-major slices that the caller owns; a matrix product repacks its input
+//! rows into one scratch buffer of their size, and the attention holds one score row per task.
 
 use super::cpu::{dot, exp_f32_slice, sum};
 use candle_core::{bail, Result};
@@ -199,7 +199,7 @@ unsafe fn panel_rows(
 fn tile_dispatch(acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[[f32; NR]]) {
     let (rows, n) = (acc.len(), block.len());
     assert!(
-        rows <= MR && xt.len() >= (k0 + n) * rows,
+        (1..=MR).contains(&rows) && xt.len() >= (k0 + n) * rows,
         "decode tile out of bounds"
     );
     #[cfg(target_arch = "x86_64")]
