@@ -104,8 +104,10 @@ pub fn time_breakdown(m: &Metrics, shares: bool) -> Option<String> {
             if shares && total > 0.0 {
                 part += &format!(" ({:.0} %)", 100.0 * v / total);
             }
-            if let (true, Some(w)) = (label == "gen", m.get("timing_s/gen_wait")) {
-                part += &format!(", waited {w:.prec$}");
+            if label == "gen" {
+                if let Some(w) = m.get("timing_s/gen_wait") {
+                    part += &format!(", waited {w:.prec$}");
+                }
             }
             Some(part)
         })

@@ -717,10 +717,7 @@ impl Trainer {
             if let Some(run) = &mut self.run {
                 run.log_step(step, &metrics)?;
             }
-            for (k, v) in metrics.range("timing_s/".to_string()..) {
-                if !k.starts_with("timing_s/") {
-                    break;
-                }
+            for (k, v) in metrics.iter().filter(|(k, _)| k.starts_with("timing_s/")) {
                 *timing_sums.entry(k.clone()).or_insert(0.0) += v;
             }
             steps_run += 1;
