@@ -37,6 +37,27 @@ pub enum DistError {
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A model pass of a data-parallel update failed.
+    #[error(transparent)]
+    Model(#[from] rlreplay_model::Error),
+    /// A collective of a data-parallel update failed (`what` says which).
+    #[error("{what}")]
+    During {
+        /// The collective.
+        what: &'static str,
+        /// Why it failed.
+        source: Box<DistError>,
+    },
+}
+
+impl DistError {
+    /// This error as the cause of the collective `what`.
+    pub fn during(self, what: &'static str) -> Self {
+        DistError::During {
+            what,
+            source: Box::new(self),
+        }
+    }
 }
 
 /// Result alias of the distributed layer.

@@ -11,10 +11,14 @@
 //!   whole groups kept together.
 //! - [`all_gather_named`]: named, weighted values (metric states) from every rank.
 //! - [`wire`]: the byte encoding of what ranks send each other.
+//! - [`DataParallel`]: a model's passes shared out over the ranks by packs of rows, their
+//!   per-token outputs gathered, the gradients summed and the optimizer step taken the same on
+//!   every rank (ZeRO-1 optionally).
 //! - [`init`]: the backend the environment and the build call for.
 #![warn(missing_docs)]
 
 pub mod collective;
+pub mod data_parallel;
 pub mod error;
 pub mod launch;
 pub mod metrics;
@@ -30,6 +34,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use collective::{sum_in_rank_order, Collective, Shards, SingleProcess};
+pub use data_parallel::DataParallel;
 pub use error::{DistError, Result};
 pub use launch::{Launcher, Placement};
 pub use metrics::all_gather_named;
@@ -42,6 +47,18 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Exit code of a job ended because a collective timed out.
 pub const ABORT_CODE: i32 = 70;
+
+/// Exit code of every process of a data-parallel job ended by an error on one rank.
+pub const ERROR_CODE: i32 = 2;
+
+/// `" on N ranks (backend)"` for a run log; empty on one process.
+pub fn describe(comm: &dyn Collective) -> String {
+    if comm.world() == 1 {
+        String::new()
+    } else {
+        format!(" on {} ranks ({})", comm.world(), comm.backend())
+    }
+}
 
 /// Which collective engine [`init`] starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

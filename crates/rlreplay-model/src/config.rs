@@ -330,6 +330,55 @@ impl ModelConfig {
         }
     }
 
+    /// The `config.json` keys [`ModelConfig::with_hf_keys`] accepts: the model type and shape,
+    /// the rotary and normalisation constants, and the special token ids.
+    pub const SETTABLE_KEYS: &'static [&'static str] = &[
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_theta",
+        "attention_bias",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    ];
+
+    /// This configuration with some of its Hugging Face `config.json` keys replaced (a random
+    /// model's shape over [`ModelConfig::tiny`], for one), validated as a `config.json` is. A key
+    /// outside [`ModelConfig::SETTABLE_KEYS`] is an error.
+    pub fn with_hf_keys(&self, keys: &Map<String, Value>) -> Result<Self> {
+        let mut obj = self.hf_object();
+        for (key, value) in keys {
+            if !Self::SETTABLE_KEYS.contains(&key.as_str()) {
+                return Err(Error::Config(format!(
+                    "unknown key `{key}` (expected one of: {})",
+                    Self::SETTABLE_KEYS.join(", ")
+                )));
+            }
+            if key == "model_type" {
+                obj.remove("architectures");
+            }
+            if key == "rope_theta" {
+                obj.remove("rope_parameters");
+            }
+            obj.insert(key.clone(), value.clone());
+        }
+        let mut cfg = Self::from_hf_str(&Value::Object(obj).to_string())?;
+        // What `to_hf_json` writes of itself (`architectures`, `hidden_act`, ...) stays out.
+        cfg.extra.retain(|k, _| {
+            self.extra.contains_key(k) || (keys.contains_key(k) && k.ends_with("_token_id"))
+        });
+        Ok(cfg)
+    }
+
     /// Reads and validates a Hugging Face `config.json` of a supported architecture.
     pub fn from_hf_json(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
@@ -559,6 +608,11 @@ impl ModelConfig {
 
     /// The configuration as a Hugging Face `config.json` object that `transformers` loads.
     pub fn to_hf_json(&self) -> Value {
+        Value::Object(self.hf_object())
+    }
+
+    /// The keys and values of [`ModelConfig::to_hf_json`].
+    fn hf_object(&self) -> Map<String, Value> {
         let mut obj = self.extra.clone();
         let mut set = |k: &str, v: Value| {
             obj.insert(k.to_string(), v);
@@ -595,7 +649,7 @@ impl ModelConfig {
         if let Some(d) = &self.torch_dtype {
             set("torch_dtype", d.clone().into());
         }
-        Value::Object(obj)
+        obj
     }
 }
 
@@ -632,6 +686,34 @@ fn as_f64(key: &str, v: &Value) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A random model's keys over the tiny configuration: another architecture, shape, rotary
+    /// base and token ids; anything else is refused, and so is an invalid shape.
+    #[test]
+    fn hf_keys_replace_the_settable_ones() {
+        let keys = |v: Value| v.as_object().cloned().unwrap();
+        let cfg = ModelConfig::tiny()
+            .with_hf_keys(&keys(serde_json::json!({
+                "model_type": "llama", "hidden_size": 64, "rope_theta": 500000.0,
+                "eos_token_id": [2, 3],
+            })))
+            .unwrap();
+        assert_eq!(cfg.architecture, Architecture::Llama);
+        assert_eq!((cfg.hidden_size, cfg.rope_theta), (64, 500_000.0));
+        assert_eq!(cfg.extra["eos_token_id"], serde_json::json!([2, 3]));
+        assert_eq!(
+            ModelConfig::tiny().with_hf_keys(&Map::new()).unwrap(),
+            ModelConfig::tiny()
+        );
+        let e = ModelConfig::tiny()
+            .with_hf_keys(&keys(serde_json::json!({"hidden_sise": 8})))
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown key `hidden_sise`"), "{e}");
+        let e = ModelConfig::tiny()
+            .with_hf_keys(&keys(serde_json::json!({"head_dim": 7})))
+            .unwrap_err();
+        assert!(e.to_string().contains("head_dim"), "{e}");
+    }
 
     fn hf_json() -> Value {
         serde_json::json!({

@@ -79,6 +79,9 @@ pub enum Error {
     /// An error of the tensor library.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// The worker thread pool cannot be started.
+    #[error("cannot start the worker threads: {0}")]
+    Threads(String),
 }
 
 /// Result type of the model crate.
@@ -110,6 +113,45 @@ pub unsafe fn keep_candle_elementwise_on_caller() {
 /// longer stretch of work.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
+}
+
+/// The worker threads to start for a request of `threads` (0: the default pool over every
+/// core): at most the machine's cores unless `force` (more threads than cores only contend), and
+/// the warning to give when the request was capped.
+pub fn worker_threads(threads: usize, force: bool) -> (usize, Option<String>) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > cores && !force {
+        let warning = format!(
+            "{threads} worker threads requested on a machine with {cores} cores: using {cores} \
+             (force it with [trainer] force_threads = true or --force-threads)"
+        );
+        (cores, Some(warning))
+    } else {
+        (threads, None)
+    }
+}
+
+/// Runs `f` on a worker of a pool of worker threads ([`worker_threads`]; 0: rayon's global pool;
+/// the warning of a capped request goes to stderr). The process environment is left alone: every
+/// kernel runs inside the pool, whose size bounds the parallelism whatever split a kernel chooses.
+/// `f` may fail with any error that this crate's error converts into.
+pub fn with_threads<T: Send, E: From<Error> + Send>(
+    threads: usize,
+    force: bool,
+    f: impl FnOnce() -> std::result::Result<T, E> + Send,
+) -> std::result::Result<T, E> {
+    let (threads, warning) = worker_threads(threads, force);
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
+    if threads == 0 {
+        return on_pool(f);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Threads(e.to_string()))?
+        .install(f)
 }
 
 #[cfg(test)]

@@ -291,9 +291,6 @@ pub enum Error {
     /// A teacher that does not fit its student or its inputs.
     #[error("{0}")]
     Teacher(String),
-    /// The rayon worker pool cannot be started.
-    #[error("cannot start the worker threads")]
-    Threads(#[source] rayon::ThreadPoolBuildError),
     /// A trainer step that failed.
     #[error("trainer step {step}")]
     Step {
@@ -436,14 +433,6 @@ pub enum Error {
     /// Something the data-parallel ranks cannot do or do not agree on.
     #[error("{0}")]
     Ranks(String),
-    /// A collective of the update that failed (`what` says which).
-    #[error("{what}")]
-    Collective {
-        /// The collective.
-        what: &'static str,
-        /// The distributed layer's error.
-        source: rlreplay_dist::DistError,
-    },
 }
 
 impl From<rlreplay_eval::Error> for Error {

@@ -3,8 +3,8 @@
 //! whose weights follow the student, `θ_T ← (1 − η)·θ_T + η·θ_student`.
 
 use crate::config::TeacherRegularization;
-use crate::dist::DataParallel;
 use crate::error::{Error, Result};
+use rlreplay_dist::DataParallel;
 use rlreplay_model::{mixed_logprobs, Model, SeqPair};
 
 /// Directory of the EMA teacher inside a checkpoint.
@@ -80,7 +80,7 @@ impl Teacher {
             TeacherRegularization::Ema => vec![(&self.model, 1.0)],
         };
         let flat = dp.packed(self.model.config(), &pairs, budget, |c| {
-            Ok(mixed_logprobs(&parts, &pairs[c], temperature)?)
+            Ok::<_, Error>(mixed_logprobs(&parts, &pairs[c], temperature)?)
         })?;
         let mut at = 0;
         for &i in &rows {

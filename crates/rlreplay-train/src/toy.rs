@@ -188,33 +188,33 @@ pub fn format_only_response(rng: &mut impl Rng, answers: &[String]) -> String {
 
 /// The toy task's model when `[model.random]` is not given: a two-layer Qwen3 of width 64.
 pub fn default_model() -> RandomModel {
+    let keys = [
+        ("hidden_size", 64),
+        ("intermediate_size", 128),
+        ("head_dim", 16),
+        ("max_position_embeddings", 512),
+    ];
     RandomModel {
-        vocab_size: None,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 16,
-        tie_word_embeddings: true,
-        max_position_embeddings: 512,
         seed: 0,
+        config: keys
+            .into_iter()
+            .map(|(k, v)| (k.into(), json!(v)))
+            .collect(),
     }
 }
 
 /// The random model's configuration over the toy vocabulary (end of turn `<|im_end|>`, padding
 /// `<|endoftext|>`).
-pub fn model_config(random: &RandomModel) -> ModelConfig {
-    let mut cfg = RandomModel {
-        vocab_size: Some(vocab().len()),
-        ..random.clone()
+pub fn model_config(random: &RandomModel) -> Result<ModelConfig> {
+    let mut random = random.clone();
+    for (key, value) in [
+        ("vocab_size", json!(vocab().len())),
+        ("eos_token_id", json!(token_id(IM_END))),
+        ("pad_token_id", json!(token_id(ENDOFTEXT))),
+    ] {
+        random.config.insert(key.into(), value);
     }
-    .to_config();
-    cfg.extra
-        .insert("eos_token_id".into(), json!(token_id(IM_END)));
-    cfg.extra
-        .insert("pad_token_id".into(), json!(token_id(ENDOFTEXT)));
-    cfg
+    random.to_config()
 }
 
 /// Creates the toy task's initial model in `dir`: the tokenizer files, the random model of
@@ -225,7 +225,7 @@ pub fn make_model(random: &RandomModel, task: &ToyTask, dtype: DType, dir: &Path
     let _ = std::fs::remove_dir_all(&tmp);
     write_tokenizer(&tmp)?;
     let chat = ChatTokenizer::from_dir(&tmp)?;
-    let mut model = Model::new_random(model_config(random), random.seed, dtype, &Device::Cpu)?;
+    let mut model = Model::new_random(model_config(random)?, random.seed, dtype, &Device::Cpu)?;
     if task.warmup_steps > 0 {
         let (train, _) = task.split()?;
         let mut answers: Vec<String> = task.all()?.into_iter().map(|p| p.answer).collect();
@@ -379,7 +379,7 @@ mod tests {
 
     #[test]
     fn model_config_matches_the_vocabulary() {
-        let cfg = model_config(&default_model());
+        let cfg = model_config(&default_model()).unwrap();
         assert_eq!(cfg.vocab_size, vocab().len());
         cfg.validate().unwrap();
     }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Logger, Task, TeacherRegularization, MAY_CHANGE_ON_RESUME};
 use crate::context::rollout_teacher_prompts;
-use crate::dist::{self, DataParallel};
+use crate::dist;
 use crate::error::{Error, Result};
 use crate::prompts::{has_validation_prompts, validation_prompts};
 use crate::rundir::{
@@ -129,57 +129,18 @@ pub struct TrainerState {
 /// ends the whole job, so that the others do not wait for it.
 pub fn run(opts: &RunOptions) -> Result<RunSummary> {
     let t = &opts.config.trainer;
-    with_threads(t.threads, t.force_threads, || {
+    rlreplay_model::with_threads(t.threads, t.force_threads, || {
         let comm: Rc<dyn Collective> = dist::connect(&opts.config, &opts.out)?.into();
         let result = Trainer::on_ranks(opts, comm.clone())
             .and_then(|mut t| t.run(opts.stop_after, opts.progress));
         match result {
             Err(e) if comm.world() > 1 => {
                 eprintln!("rank {}: error: {}", comm.rank(), chain(&e));
-                comm.abort(dist::ERROR_CODE)
+                comm.abort(rlreplay_dist::ERROR_CODE)
             }
             r => r,
         }
     })
-}
-
-/// The worker threads to start for a request of `threads` (0: the default pool over every
-/// core): at most the machine's cores unless `force` (more threads than cores only contend), and
-/// the warning to give when the request was capped.
-pub fn worker_threads(threads: usize, force: bool) -> (usize, Option<String>) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if threads > cores && !force {
-        let warning = format!(
-            "{threads} worker threads requested on a machine with {cores} cores: using {cores} \
-             (force it with [trainer] force_threads = true or --force-threads)"
-        );
-        (cores, Some(warning))
-    } else {
-        (threads, None)
-    }
-}
-
-/// Runs `f` on a worker of a pool of worker threads ([`worker_threads`]; 0: rayon's global pool;
-/// the warning of a capped request goes to stderr). The process environment is left alone: every
-/// kernel runs inside the pool, whose size bounds the parallelism whatever split a kernel chooses.
-/// `f` may fail with any error that a trainer error converts into (the binary's, for one).
-pub fn with_threads<T: Send, E: From<Error> + Send>(
-    threads: usize,
-    force: bool,
-    f: impl FnOnce() -> std::result::Result<T, E> + Send,
-) -> std::result::Result<T, E> {
-    let (threads, warning) = worker_threads(threads, force);
-    if let Some(w) = warning {
-        eprintln!("warning: {w}");
-    }
-    if threads == 0 {
-        return rlreplay_model::on_pool(f);
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(Error::Threads)?
-        .install(f)
 }
 
 /// The files of a Hugging Face model directory that loading needs.
@@ -347,7 +308,7 @@ pub(crate) fn base_model(cfg: &Config, model_dir: Option<&Path>, device: &Device
             source,
         }),
         (None, Some(r)) => {
-            Model::new_random(r.to_config(), r.seed, dtype, device).map_err(Error::RandomModel)
+            Model::new_random(r.to_config()?, r.seed, dtype, device).map_err(Error::RandomModel)
         }
         (None, None) => Err(Error::config("model", "[model]: give `path` or `random`")),
     }
@@ -572,7 +533,7 @@ impl Trainer {
             None => fresh_policy(&cfg, model_dir, &device)?,
         };
         policy.set_activation_recompute(cfg.model.enable_gradient_checkpointing);
-        DataParallel::for_config(&*comm, &cfg).shard_masters(&mut policy)?;
+        dist::data_parallel(&*comm, &cfg).shard_masters(&mut policy)?;
         let stop = stop_ids(&cfg, model_dir, chat.as_deref())?;
         let source_context = SourceContext {
             config: &cfg,
@@ -626,10 +587,10 @@ impl Trainer {
                 .as_ref()
                 .map(|v| format!(", {} validation prompts", v.len()))
                 .unwrap_or_default(),
-            dist::describe(&*self.comm),
+            rlreplay_dist::describe(&*self.comm),
         ))?;
         if let Some(line) =
-            DataParallel::for_config(&*self.comm, &self.cfg).describe_held_weights(&self.policy)?
+            dist::data_parallel(&*self.comm, &self.cfg).describe_held_weights(&self.policy)?
         {
             self.log(&line)?;
         }
@@ -683,7 +644,7 @@ impl Trainer {
         {
             // Rank 0 may save the best policy: it needs the masters whole.
             let comm = self.comm.clone();
-            let dp = DataParallel::for_config(&*comm, &self.cfg);
+            let dp = dist::data_parallel(&*comm, &self.cfg);
             dp.gather_masters(&mut self.policy)?;
             self.validate(0)?;
             dp.shard_masters(&mut self.policy)?;
@@ -703,7 +664,7 @@ impl Trainer {
             let saving = (sf > 0 && step.is_multiple_of(sf)) || step == stop;
             // Rank 0 saves the best policy and the checkpoints whole.
             let comm = self.comm.clone();
-            let dp = DataParallel::for_config(&*comm, &self.cfg);
+            let dp = dist::data_parallel(&*comm, &self.cfg);
             if (validating && self.validator.is_some()) || saving {
                 dp.gather_masters(&mut self.policy)?;
             }
@@ -948,7 +909,7 @@ impl Trainer {
             lr: self.lr.lr_at(step - 1),
         };
         let t_update = Instant::now();
-        let dp = DataParallel::for_config(&*self.comm, cfg);
+        let dp = dist::data_parallel(&*self.comm, cfg);
         let out = update(
             &dp,
             &mut self.policy,

@@ -19,10 +19,10 @@ use rlreplay_algo::{
 use rlreplay_data::RolloutBatch;
 use rlreplay_model::{AdamW, Model, SeqPair};
 
-use crate::dist::DataParallel;
 use crate::error::Result;
 use crate::rundir::Metrics;
 use crate::teacher::Teacher;
+use rlreplay_dist::DataParallel;
 
 /// Batch shape and step settings of one update.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +72,7 @@ pub fn packed_logprobs(
     budget: usize,
     temperature: f64,
 ) -> Result<Vec<f64>> {
-    DataParallel::default().logprobs(model, pairs, budget, temperature)
+    Ok(DataParallel::default().logprobs(model, pairs, budget, temperature)?)
 }
 
 /// Runs one update of `policy` on `batch` with `algo` (its `global_step` set by the caller):

@@ -339,9 +339,9 @@ fn thread_counts_are_capped_to_the_cores() {
         stderr(&o)
     );
     assert!(t0.elapsed() < Duration::from_secs(120));
-    let (threads, warning) = rlreplay_train::trainer::worker_threads(cores + 1, true);
+    let (threads, warning) = rlreplay_model::worker_threads(cores + 1, true);
     assert_eq!((threads, warning), (cores + 1, None), "forced");
-    assert_eq!(rlreplay_train::trainer::worker_threads(0, false), (0, None));
+    assert_eq!(rlreplay_model::worker_threads(0, false), (0, None));
 }
 
 /// A zero-row shard used to replay to a NaN loss with exit 0: the replay stops with an error

@@ -254,67 +254,32 @@ impl ModelSection {
     }
 }
 
-/// The shape of a randomly initialised Qwen3 model; absent keys take the tiny test model's values
-/// (the toy task's vocabulary is its tokenizer's).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// A randomly initialised model: Hugging Face `config.json` keys over the tiny test model's
+/// ([`rlreplay_model::ModelConfig::tiny`], a Qwen3; `model_type`, `vocab_size`, `hidden_size`,
+/// `num_hidden_layers`, ...: [`rlreplay_model::ModelConfig::SETTABLE_KEYS`]) and the seed of the
+/// initialisation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RandomModel {
-    /// Vocabulary size; must exceed every token id of the data.
-    pub vocab_size: Option<usize>,
-    /// Hidden size.
-    pub hidden_size: usize,
-    /// MLP intermediate size.
-    pub intermediate_size: usize,
-    /// Number of decoder layers.
-    pub num_hidden_layers: usize,
-    /// Attention heads.
-    pub num_attention_heads: usize,
-    /// Key/value heads (grouped-query attention).
-    pub num_key_value_heads: usize,
-    /// Dimension of one head.
-    pub head_dim: usize,
-    /// Share the embedding matrix with the LM head.
-    pub tie_word_embeddings: bool,
-    /// Longest sequence (prompt + response) the model accepts.
-    pub max_position_embeddings: usize,
     /// Seed of the initialisation.
+    #[serde(default)]
     pub seed: u64,
-}
-
-impl Default for RandomModel {
-    fn default() -> Self {
-        let t = rlreplay_model::ModelConfig::tiny();
-        Self {
-            vocab_size: None,
-            hidden_size: t.hidden_size,
-            intermediate_size: t.intermediate_size,
-            num_hidden_layers: t.num_hidden_layers,
-            num_attention_heads: t.num_attention_heads,
-            num_key_value_heads: t.num_key_value_heads,
-            head_dim: t.head_dim,
-            tie_word_embeddings: t.tie_word_embeddings,
-            max_position_embeddings: t.max_position_embeddings,
-            seed: 0,
-        }
-    }
+    /// The `config.json` keys that differ from the tiny model's.
+    #[serde(flatten)]
+    pub config: serde_json::Map<String, serde_json::Value>,
 }
 
 impl RandomModel {
-    /// The model configuration of this shape.
-    pub fn to_config(&self) -> rlreplay_model::ModelConfig {
-        let tiny = rlreplay_model::ModelConfig::tiny();
-        rlreplay_model::ModelConfig {
-            vocab_size: self.vocab_size.unwrap_or(tiny.vocab_size),
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_hidden_layers: self.num_hidden_layers,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            tie_word_embeddings: self.tie_word_embeddings,
-            max_position_embeddings: self.max_position_embeddings,
-            ..tiny
-        }
+    /// The model configuration: the tiny model's with [`RandomModel::config`]'s keys; an
+    /// unknown key or an invalid shape is an error naming it.
+    pub fn to_config(&self) -> Result<rlreplay_model::ModelConfig> {
+        rlreplay_model::ModelConfig::tiny()
+            .with_hf_keys(&self.config)
+            .map_err(|e| Error::config("model.random", format!("[model.random] {e}")))
+    }
+
+    /// The `vocab_size` key, when given.
+    pub fn vocab_size(&self) -> Option<u64> {
+        self.config.get("vocab_size").and_then(|v| v.as_u64())
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
 use rlreplay_data::error::chain;
+use serde_json::json;
 
 const BASE: &str = r#"
 [model]
@@ -211,7 +212,10 @@ fn moved_keys_warn_and_keep_working() {
     )
     .unwrap();
     let random = o.model.random.unwrap();
-    assert_eq!((random.hidden_size, random.seed), (16, 7));
+    assert_eq!(
+        (&random.config["hidden_size"], random.seed),
+        (&json!(16), 7)
+    );
     assert_eq!(o.toy.warmup_steps, 3);
     assert_eq!(w.len(), 3, "{w:?}");
     assert!(w[0].contains("use model.random"), "{w:?}");
@@ -257,6 +261,18 @@ fn bad_values_are_refused() {
     assert!(e.to_string().contains("train_files"), "{e}");
     let e = online("", &["model.random.vocab_size=7"]).unwrap_err();
     assert!(e.to_string().contains("toy tokenizer"), "{e}");
+    for (set, want) in [
+        ("model.random.hiden_size=8", "unknown key `hiden_size`"),
+        (
+            "model.random.num_key_value_heads=3",
+            "not a multiple of num_key_value_heads",
+        ),
+        ("model.random.hidden_size=\"wide\"", "hidden_size"),
+    ] {
+        let e = online("", &[set]).unwrap_err();
+        assert!(e.to_string().contains("[model.random]"), "{set}: {e}");
+        assert!(chain(&e).contains(want), "{set}: {e}");
+    }
     let gpu = online("", &["model.device=\"gpu\""]).unwrap();
     assert!(gpu
         .model

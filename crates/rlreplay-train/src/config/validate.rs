@@ -15,6 +15,9 @@ impl Config {
             ));
         }
         let m = &self.model;
+        if let Some(random) = &m.random {
+            random.to_config()?;
+        }
         // The initial policy follows from the prompts: a prompt set is rendered with the
         // tokenizer of its model directory, and the toy task makes its model when none is given.
         match self.prompt_task() {
@@ -47,9 +50,9 @@ impl Config {
                         "[model]: give at most one of `path` and `random`",
                     ));
                 }
-                if let (None, Some(v)) = (&m.path, m.random.as_ref().and_then(|r| r.vocab_size)) {
+                if let (None, Some(v)) = (&m.path, m.random.as_ref().and_then(|r| r.vocab_size())) {
                     let toy = ToyTask::VOCAB_SIZE;
-                    if v != toy {
+                    if v != toy as u64 {
                         return Err(Error::config(
                             "model.random.vocab_size",
                             format!(

@@ -20,7 +20,7 @@ const LORA: &str = "[model]\nlora_rank = 4\nlora_alpha = 8\ntarget_modules = [\"
 /// The random base model of [`config`].
 fn base(cfg: &Config) -> Model {
     let r = cfg.model.random.as_ref().unwrap();
-    Model::new_random(r.to_config(), r.seed, DType::F32, &Device::Cpu).unwrap()
+    Model::new_random(r.to_config().unwrap(), r.seed, DType::F32, &Device::Cpu).unwrap()
 }
 
 fn last_checkpoint(run: &Path) -> PathBuf {

@@ -13,7 +13,7 @@ fn biology_preset_runs_one_step_with_a_tiny_model() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("model");
     Model::new_random(
-        toy::model_config(&toy::default_model()),
+        toy::model_config(&toy::default_model()).unwrap(),
         3,
         DType::F32,
         &Device::Cpu,

@@ -214,7 +214,7 @@ fn replay_raises_held_out_successes_over_failures() {
     let out = tmp.path().join("run");
     run(&RunOptions::new(cfg, &out)).unwrap();
     let before = Model::new_random(
-        config(&data, "").model.random.unwrap().to_config(),
+        config(&data, "").model.random.unwrap().to_config().unwrap(),
         3,
         DType::F32,
         &Device::Cpu,
@@ -370,7 +370,7 @@ fn resumed_checkpoints_keep_the_tokenizer_files_through_rotation() {
     let data = dataset(tmp.path(), 3);
     let model_dir = tmp.path().join("model");
     let random = config(&data, "").model.random.unwrap();
-    Model::new_random(random.to_config(), 3, DType::F32, &Device::Cpu)
+    Model::new_random(random.to_config().unwrap(), 3, DType::F32, &Device::Cpu)
         .unwrap()
         .save_hf(&model_dir)
         .unwrap();

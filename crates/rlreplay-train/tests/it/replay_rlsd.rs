@@ -17,7 +17,7 @@ use rlreplay_train::{run, Config, RunOptions, SourceKind};
 pub(crate) fn model_dir(dir: &Path) -> PathBuf {
     let out = dir.join("model");
     let model = Model::new_random(
-        toy::model_config(&toy::default_model()),
+        toy::model_config(&toy::default_model()).unwrap(),
         5,
         DType::F32,
         &Device::Cpu,

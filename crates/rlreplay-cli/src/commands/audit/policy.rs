@@ -14,10 +14,8 @@ use rlreplay_audit::{Outputs, PolicyAudit};
 use rlreplay_data::{
     read_footer, AuditStats, AuditSums, Dataset, ReadOptions, RolloutBatch, StepIter,
 };
-use rlreplay_dist::{Collective, Options, Placement};
-use rlreplay_model::{DType, Device, ModelConfig, SeqPair};
-use rlreplay_train::dist::{describe, DataParallel, ERROR_CODE};
-use rlreplay_train::trainer::with_threads;
+use rlreplay_dist::{describe, Collective, DataParallel, Options, Placement, ERROR_CODE};
+use rlreplay_model::{with_threads, DType, Device, ModelConfig, SeqPair};
 use serde::Serialize;
 
 use super::{progress, Args};
