@@ -1,4 +1,4 @@
-//! One policy update on a batch of rollouts, shared by the replay and the online trainers.
+//! One policy update on a batch of rollouts: the trainer's update step, whatever source the rows came from.
 //!
 //! The policy's log-probs before the update (`ℓ_old`, when the loss or the correction needs them)
 //! -> the rollout correction against the behaviour log-probs -> advantages over the groups ->
