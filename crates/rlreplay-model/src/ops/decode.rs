@@ -588,7 +588,39 @@ impl Unit<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn run_avx512(&self, out: &mut [f32]) {
-        self.run_with(out, |a, b| head_dot_avx512(a, b));
+        match self.dims.d {
+            64 => self.run_groups_avx512::<4>(out),
+            128 => self.run_groups_avx512::<8>(out),
+            _ => self.run_with(out, |a, b| head_dot_avx512(a, b)),
+        }
+    }
+
+    /// [`Unit::run`] for heads of `16 · NV` elements: the query heads that share a KV head
+    /// together ([`attend_group_avx512`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn run_groups_avx512<const NV: usize>(&self, out: &mut [f32]) {
+        let AttnDims { hq, hkv, d, scale } = self.dims;
+        let (seq, kv_width, per) = (self.seq, hkv * d, hq / hkv);
+        let len = seq.k.len() / kv_width;
+        let mut scores = vec![0f32; per * len];
+        for i in 0..self.rows {
+            let visible = len - seq.n + self.first + i + 1;
+            let q = &self.q[i * self.width..i * self.width + hq * d];
+            let o = &mut out[i * hq * d..(i + 1) * hq * d];
+            for g in 0..hkv {
+                let heads = g * per * d..(g + 1) * per * d;
+                attend_group_avx512::<NV>(
+                    &mut o[heads.clone()],
+                    &q[heads],
+                    seq,
+                    g * d,
+                    kv_width,
+                    &mut scores[..per * visible],
+                    scale,
+                );
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -741,6 +773,176 @@ fn attend(
     out.iter_mut().for_each(|o| *o *= inv);
 }
 
+/// The scaled scores [`attend`] computes with [`head_dot`], the same bits, for a head of
+/// `16 · NV` elements in AVX-512 registers: 16 keys at a time, their 16 partial sums folded
+/// together by lane shuffles in [`fold16`]'s order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn head_scores_avx512<const NV: usize>(
+    scores: &mut [f32],
+    q: &[f32],
+    seq: &CachedSeq<'_>,
+    col: usize,
+    kv_width: usize,
+    scale: f32,
+) {
+    use std::arch::x86_64::*;
+    let d = 16 * NV;
+    assert!(q.len() == d, "attention head of {d} elements");
+    // What `fold16` adds for the (empty) tail of a head of whole vectors.
+    let tail = _mm512_set1_ps(std::iter::empty::<f32>().sum::<f32>());
+    let scale_v = _mm512_set1_ps(scale);
+    // Lane `4j + m` of the fold holds key `4m + j`.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let mut qv = [_mm512_setzero_ps(); NV];
+    for (c, v) in qv.iter_mut().enumerate() {
+        // SAFETY: `q` holds 16 · NV floats.
+        *v = unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * c)) };
+    }
+    let mut blocks = scores.chunks_exact_mut(16);
+    let mut j0 = 0;
+    for block in &mut blocks {
+        // The 16 keys' chains side by side, each over the head's vectors in order.
+        let block_keys = &seq.k[j0 * kv_width + col..(j0 + 15) * kv_width + col + d];
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (c, &qc) in qv.iter().enumerate() {
+            for (key, a) in acc.iter_mut().enumerate() {
+                // SAFETY: key `key` of the block starts at `key · kv_width` and holds 16 · NV
+                // floats, inside `block_keys`.
+                let kc =
+                    unsafe { _mm512_loadu_ps(block_keys.as_ptr().add(key * kv_width + 16 * c)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(qc, kc));
+            }
+        }
+        // h8 = lanes i + (i + 8): keys in pairs, [h8 of the first, h8 of the second].
+        let h8: [__m512; 8] = std::array::from_fn(|p| {
+            let (a, b) = (acc[2 * p], acc[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            )
+        });
+        // h4 = lanes i + (i + 4) of h8: four keys, one 128-bit block each.
+        let h4: [__m512; 4] = std::array::from_fn(|p| {
+            let (a, b) = (h8[2 * p], h8[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+            )
+        });
+        // Per block: [h4[0] + h4[2], h4[1] + h4[3]] of two keys, interleaved...
+        let u: [__m512; 2] = std::array::from_fn(|p| {
+            let (a, b) = (h4[2 * p], h4[2 * p + 1]);
+            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+        });
+        // ...then their sum: block `j` holds key `j` of each group of four.
+        let folded = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(u[0], u[1]),
+            _mm512_shuffle_ps::<0b11_10_11_10>(u[0], u[1]),
+        );
+        let dots = _mm512_add_ps(_mm512_permutexvar_ps(order, folded), tail);
+        // SAFETY: `block` holds 16 floats.
+        unsafe { _mm512_storeu_ps(block.as_mut_ptr(), _mm512_mul_ps(dots, scale_v)) };
+        j0 += 16;
+    }
+    for (j, s) in blocks.into_remainder().iter_mut().enumerate() {
+        let k = &seq.k[(j0 + j) * kv_width + col..][..d];
+        *s = head_dot_avx512(q, k) * scale;
+    }
+}
+
+/// [`attend`] with [`head_dot`]'s bits for the query heads that share the KV head at `col`
+/// (`q` and `out`: `[heads, 16 · NV]`; `scores`: one row per head): each head's scores by
+/// [`attend_avx512`]'s blocked dot products, then the heads' weighted sums of the values in one
+/// pass over them ([`weighted_values_avx512`]), each value row loaded once for all the heads.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn attend_group_avx512<const NV: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    seq: &CachedSeq<'_>,
+    col: usize,
+    kv_width: usize,
+    scores: &mut [f32],
+    scale: f32,
+) {
+    let d = 16 * NV;
+    let heads = q.len() / d;
+    let len = scores.len() / heads.max(1);
+    let mut totals = vec![0f32; heads];
+    for (h, total) in totals.iter_mut().enumerate() {
+        let s = &mut scores[h * len..(h + 1) * len];
+        head_scores_avx512::<NV>(s, &q[h * d..(h + 1) * d], seq, col, kv_width, scale);
+        let mut max = f32::NEG_INFINITY;
+        for &x in s.iter() {
+            max = max.max(x);
+        }
+        s.iter_mut().for_each(|x| *x -= max);
+        exp_f32_slice(s);
+        *total = sum(s);
+    }
+    // Up to 16 accumulator registers per pass.
+    let per_pass = (16 / NV).max(1);
+    let mut h0 = 0;
+    while h0 < heads {
+        let n = per_pass.min(heads - h0);
+        let (o, p, t) = (
+            &mut out[h0 * d..(h0 + n) * d],
+            &scores[h0 * len..(h0 + n) * len],
+            &totals[h0..h0 + n],
+        );
+        let v = (seq, col, kv_width, len);
+        match n {
+            1 => weighted_values_avx512::<NV, 1>(o, p, t, v),
+            2 => weighted_values_avx512::<NV, 2>(o, p, t, v),
+            3 => weighted_values_avx512::<NV, 3>(o, p, t, v),
+            _ => weighted_values_avx512::<NV, 4>(o, p, t, v),
+        }
+        h0 += n;
+    }
+}
+
+/// `out[h] = Σ_j probs[h][j] · V[j] / totals[h]` for `H` heads over the values at `col` of the
+/// first `len` positions, the sums in position order as [`attend`] adds them: one pass over the
+/// values, `H · NV` independent chains in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn weighted_values_avx512<const NV: usize, const H: usize>(
+    out: &mut [f32],
+    probs: &[f32],
+    totals: &[f32],
+    (seq, col, kv_width, len): (&CachedSeq<'_>, usize, usize, usize),
+) {
+    use std::arch::x86_64::*;
+    let d = 16 * NV;
+    assert!(
+        out.len() == H * d && probs.len() == H * len && totals.len() == H,
+        "weighted values of {H} heads of {d} over {len} positions"
+    );
+    let mut o = [[_mm512_setzero_ps(); NV]; H];
+    for j in 0..len {
+        let v = &seq.v[j * kv_width + col..][..d];
+        // SAFETY: `v` holds 16 · NV floats.
+        let vc: [__m512; NV] =
+            std::array::from_fn(|c| unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) });
+        for (h, o) in o.iter_mut().enumerate() {
+            let p = _mm512_set1_ps(probs[h * len + j]);
+            for (o, &vc) in o.iter_mut().zip(&vc) {
+                *o = _mm512_add_ps(*o, _mm512_mul_ps(p, vc));
+            }
+        }
+    }
+    for (h, o) in o.iter().enumerate() {
+        let inv = _mm512_set1_ps(totals[h].recip());
+        for (c, o) in o.iter().enumerate() {
+            // SAFETY: `out` holds H · 16 · NV floats.
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * c), _mm512_mul_ps(*o, inv))
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -845,6 +1047,47 @@ mod tests {
             }
             let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
             assert!((want as f64 - exact).abs() < 1e-5);
+        }
+    }
+
+    /// The AVX-512 attention of a group of query heads (blocked scores, one pass over the
+    /// values for all the heads) gives the portable attention's bits, head by head, for whole
+    /// blocks of 16 keys and the keys after them.
+    #[test]
+    fn the_grouped_attention_computes_the_portable_bits() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            for d in [64, 128] {
+                for heads in [1, 3, 4, 5] {
+                    for len in [1, 5, 16, 17, 33, 100] {
+                        let kv_width = 2 * d;
+                        let (k, v) = (values(len * kv_width, 3), values(len * kv_width, 4));
+                        let q = values(heads * d, 5);
+                        let seq = CachedSeq { k: &k, v: &v, n: 1 };
+                        let mut want = vec![0f32; heads * d];
+                        for (o, q) in want.chunks_exact_mut(d).zip(q.chunks_exact(d)) {
+                            let mut s = vec![0f32; len];
+                            attend(o, q, &seq, d, kv_width, &mut s, 0.125, head_dot);
+                        }
+                        let mut got = vec![0f32; heads * d];
+                        let mut s = vec![0f32; heads * len];
+                        // SAFETY: the CPU supports AVX-512F.
+                        unsafe {
+                            if d == 64 {
+                                attend_group_avx512::<4>(
+                                    &mut got, &q, &seq, d, kv_width, &mut s, 0.125,
+                                )
+                            } else {
+                                attend_group_avx512::<8>(
+                                    &mut got, &q, &seq, d, kv_width, &mut s, 0.125,
+                                )
+                            }
+                        };
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "d {d}, {heads} heads, {len} keys");
+                    }
+                }
+            }
         }
     }
 
