@@ -739,6 +739,15 @@ fn head_dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     fold16(lanes, ta, tb)
 }
 
+/// `scores ← exp(scores − max)` in place; returns their sum (the softmax's denominator).
+#[inline(always)]
+fn exp_from_max(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    scores.iter_mut().for_each(|s| *s -= max);
+    exp_f32_slice(scores);
+    sum(scores)
+}
+
 /// One query head over the first `scores.len()` positions of KV head columns `col..col + D`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -753,15 +762,11 @@ fn attend(
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
     let d = q.len();
-    let mut max = f32::NEG_INFINITY;
     for (j, s) in scores.iter_mut().enumerate() {
         let k = &seq.k[j * kv_width + col..j * kv_width + col + d];
         *s = dot(q, k) * scale;
-        max = max.max(*s);
     }
-    scores.iter_mut().for_each(|s| *s -= max);
-    exp_f32_slice(scores);
-    let total = sum(scores);
+    let total = exp_from_max(scores);
     out.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
         let v = &seq.v[j * kv_width + col..j * kv_width + col + d];
@@ -853,7 +858,7 @@ fn head_scores_avx512<const NV: usize>(
 
 /// [`attend`] with [`head_dot`]'s bits for the query heads that share the KV head at `col`
 /// (`q` and `out`: `[heads, 16 · NV]`; `scores`: one row per head): each head's scores by
-/// [`attend_avx512`]'s blocked dot products, then the heads' weighted sums of the values in one
+/// [`head_scores_avx512`]'s blocked dot products, then the heads' weighted sums of the values in one
 /// pass over them ([`weighted_values_avx512`]), each value row loaded once for all the heads.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
@@ -873,13 +878,7 @@ fn attend_group_avx512<const NV: usize>(
     for (h, total) in totals.iter_mut().enumerate() {
         let s = &mut scores[h * len..(h + 1) * len];
         head_scores_avx512::<NV>(s, &q[h * d..(h + 1) * d], seq, col, kv_width, scale);
-        let mut max = f32::NEG_INFINITY;
-        for &x in s.iter() {
-            max = max.max(x);
-        }
-        s.iter_mut().for_each(|x| *x -= max);
-        exp_f32_slice(s);
-        *total = sum(s);
+        *total = exp_from_max(s);
     }
     // Up to 16 accumulator registers per pass.
     let per_pass = (16 / NV).max(1);
