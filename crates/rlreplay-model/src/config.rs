@@ -371,7 +371,7 @@ impl ModelConfig {
             }
             obj.insert(key.clone(), value.clone());
         }
-        let mut cfg = Self::from_hf_str(&Value::Object(obj).to_string())?;
+        let mut cfg = Self::from_hf_object(obj)?;
         // What `to_hf_json` writes of itself (`architectures`, `hidden_act`, ...) stays out.
         cfg.extra.retain(|k, _| {
             self.extra.contains_key(k) || (keys.contains_key(k) && k.ends_with("_token_id"))
@@ -391,9 +391,14 @@ impl ModelConfig {
     pub fn from_hf_str(text: &str) -> Result<Self> {
         let value: Value =
             serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid JSON: {e}")))?;
-        let Value::Object(mut obj) = value else {
+        let Value::Object(obj) = value else {
             return Err(Error::Config("config.json is not a JSON object".into()));
         };
+        Self::from_hf_object(obj)
+    }
+
+    /// [`ModelConfig::from_hf_str`] of the parsed object.
+    fn from_hf_object(mut obj: Map<String, Value>) -> Result<Self> {
         let Some(architecture) = obj
             .get("model_type")
             .and_then(Value::as_str)
