@@ -23,14 +23,26 @@ const MR_NARROW: usize = 6;
 const ROW_BLOCK: usize = 4 * MR;
 /// Inputs per block of a panel that all row tiles of a task go through in turn (16 KiB).
 const KB: usize = 256;
+/// Lines of a panel ahead of the one being read that a product's first row tile asks the cache
+/// to fetch (two blocks of [`KB`]): the hardware prefetcher alone leaves a tile of many rows
+/// waiting on memory for a third of its time.
+const PREFETCH_AHEAD: usize = 2 * KB;
+/// Rows a tile needs before it prefetches: a tile of few rows is paced by the weight stream,
+/// which the hardware prefetcher keeps up with.
+const PREFETCH_MIN_ROWS: usize = 8;
 /// Multiply-adds per parallel task of [`linear`] (smaller products run on the caller's thread).
 const MIN_TASK_MACS: usize = 1 << 17;
 
+/// One input's weights of one panel: [`NR`] output columns, one 64-byte cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; NR]);
+
 /// A weight matrix `W[out, in]` packed for the decoder's products `x · Wᵀ`: panels of [`NR`]
 /// output columns, each `[in][NR]` (the last padded with zeros), one after another, so that a
-/// panel is read as one contiguous stream.
+/// panel is read as one contiguous stream of cache lines, one per input.
 pub(crate) struct Panels {
-    data: Vec<f32>,
+    data: Vec<Line>,
     inp: usize,
     out: usize,
 }
@@ -43,13 +55,13 @@ impl Panels {
             bail!("decode panels: {} weights are not rows of {inp}", w.len());
         }
         let panels = out.div_ceil(NR);
-        let mut data = vec![0f32; panels * inp * NR];
-        data.par_chunks_mut(inp * NR)
+        let mut data = vec![Line([0.0; NR]); panels * inp];
+        data.par_chunks_mut(inp)
             .zip(w.par_chunks(inp * NR))
             .for_each(|(panel, rows)| {
                 for (j, row) in rows.chunks_exact(inp).enumerate() {
-                    for (k, &v) in row.iter().enumerate() {
-                        panel[k * NR + j] = v;
+                    for (line, &v) in panel.iter_mut().zip(row) {
+                        line.0[j] = v;
                     }
                 }
             });
@@ -58,9 +70,9 @@ impl Panels {
 
     /// Copies row `n` of `W` (`in` elements) into `dst`.
     pub(crate) fn row_into(&self, n: usize, dst: &mut [f32]) {
-        let panel = &self.data[(n / NR) * self.inp * NR..][..self.inp * NR];
-        for (d, w) in dst.iter_mut().zip(panel.chunks_exact(NR)) {
-            *d = w[n % NR];
+        let panel = &self.data[(n / NR) * self.inp..][..self.inp];
+        for (d, w) in dst.iter_mut().zip(panel) {
+            *d = w.0[n % NR];
         }
     }
 }
@@ -119,7 +131,7 @@ pub(crate) fn linear(
         let r0 = rb * ROW_BLOCK;
         let r1 = (r0 + ROW_BLOCK).min(rows);
         for p in g * group..((g + 1) * group).min(panels) {
-            let panel = &w.data[p * inp * NR..(p + 1) * inp * NR];
+            let panel = &w.data[p * inp..(p + 1) * inp];
             let cols = NR.min(out - p * NR);
             // SAFETY: this task alone writes rows `r0..r1` of columns `p·NR..p·NR + cols`, all
             // inside `dst` (`rows × out`, checked above), which outlives the tasks.
@@ -167,18 +179,17 @@ unsafe fn panel_rows(
     r1: usize,
     inp: usize,
     out: usize,
-    panel: &[f32],
+    panel: &[Line],
     c0: usize,
     cols: usize,
 ) {
-    let (panel, _) = panel.as_chunks::<NR>();
     let xs = &x[r0 * inp..r1 * inp];
     let mut acc = [[0f32; NR]; ROW_BLOCK];
     let acc = &mut acc[..r1 - r0];
     for k0 in (0..inp).step_by(KB) {
         let block = &panel[k0..(k0 + KB).min(inp)];
-        for (acc, xt) in acc.chunks_mut(MR).zip(xs.chunks(MR * inp)) {
-            tile_dispatch(acc, xt, k0, block);
+        for (i, (acc, xt)) in acc.chunks_mut(MR).zip(xs.chunks(MR * inp)).enumerate() {
+            tile_dispatch(i == 0 && acc.len() >= PREFETCH_MIN_ROWS, acc, xt, k0, block);
         }
     }
     for (i, acc) in acc.iter().enumerate() {
@@ -195,8 +206,9 @@ unsafe fn panel_rows(
 /// Continues the chains of a register tile of `acc.len()` (≤ [`MR`]) rows over one block of a
 /// panel, with AVX-512 or AVX2 + FMA where the CPU has them (each step is one fused
 /// multiply-add whatever the code path, so the values are the same). `xt` is the tile's rows
-/// packed input-major (`[in][acc.len()]`).
-fn tile_dispatch(acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[[f32; NR]]) {
+/// packed input-major (`[in][acc.len()]`); with `prefetch` the vector code also asks for the
+/// panel's lines [`PREFETCH_AHEAD`] ahead, one per input.
+fn tile_dispatch(prefetch: bool, acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[Line]) {
     let (rows, n) = (acc.len(), block.len());
     assert!(
         (1..=MR).contains(&rows) && xt.len() >= (k0 + n) * rows,
@@ -205,25 +217,25 @@ fn tile_dispatch(acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[[f32; NR
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! rows {
-            ($f:ident, $acc:expr, $off:expr, $($r:literal)*) => {
+            ($f:ident, $pre:expr, $acc:expr, $off:expr, $($r:literal)*) => {
                 // SAFETY: the CPU supports the function's target features (checked by the
                 // caller's branch) and `xt` holds the block's inputs of every row (asserted).
                 unsafe {
                     match $acc.len() {
-                        $($r => $f::<$r>($acc, xt, rows, $off, k0, block),)*
+                        $($r => $f::<$r>($pre, $acc, xt, rows, $off, k0, block),)*
                         _ => unreachable!("tile rows checked above"),
                     }
                 }
             };
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
-            rows!(tile_avx512, acc, 0, 1 2 3 4 5 6 7 8 9 10 11 12);
+            rows!(tile_avx512, prefetch, acc, 0, 1 2 3 4 5 6 7 8 9 10 11 12);
             return;
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             for (c, acc) in acc.chunks_mut(MR_NARROW).enumerate() {
-                rows!(tile_avx2, acc, c * MR_NARROW, 1 2 3 4 5 6);
+                rows!(tile_avx2, prefetch && c == 0, acc, c * MR_NARROW, 1 2 3 4 5 6);
             }
             return;
         }
@@ -233,7 +245,8 @@ fn tile_dispatch(acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[[f32; NR
     }
 }
 
-/// [`tile`] in AVX-512: one register per row, the block's row loaded once per input.
+/// [`tile`] in AVX-512: one register per row, the block's row loaded once per input (and, with
+/// `prefetch`, the line [`PREFETCH_AHEAD`] ahead requested).
 ///
 /// # Safety
 ///
@@ -242,12 +255,13 @@ fn tile_dispatch(acc: &mut [[f32; NR]], xt: &[f32], k0: usize, block: &[[f32; NR
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tile_avx512<const R: usize>(
+    prefetch: bool,
     acc: &mut [[f32; NR]],
     xt: &[f32],
     stride: usize,
     off: usize,
     k0: usize,
-    block: &[[f32; NR]],
+    block: &[Line],
 ) {
     use std::arch::x86_64::*;
     let mut a = [_mm512_setzero_ps(); R];
@@ -258,8 +272,11 @@ unsafe fn tile_avx512<const R: usize>(
     // SAFETY: input `k0` of row `off` is inside `xt` (the caller's contract).
     let mut x = unsafe { xt.as_ptr().add(k0 * stride + off) };
     for w in block {
+        if prefetch {
+            prefetch_ahead(w);
+        }
         // SAFETY: `w` holds 16 floats.
-        let wv = unsafe { _mm512_loadu_ps(w.as_ptr()) };
+        let wv = unsafe { _mm512_load_ps(w.0.as_ptr()) };
         for (r, a) in a.iter_mut().enumerate() {
             // SAFETY: rows `off..off + R` of this input are inside `xt` (the caller's contract).
             let xv = unsafe { *x.add(r) };
@@ -273,7 +290,8 @@ unsafe fn tile_avx512<const R: usize>(
     }
 }
 
-/// [`tile`] in AVX2 + FMA: two registers per row, the block's row loaded once per input.
+/// [`tile`] in AVX2 + FMA: two registers per row, the block's row loaded once per input (and,
+/// with `prefetch`, the line [`PREFETCH_AHEAD`] ahead requested).
 ///
 /// # Safety
 ///
@@ -282,12 +300,13 @@ unsafe fn tile_avx512<const R: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const R: usize>(
+    prefetch: bool,
     acc: &mut [[f32; NR]],
     xt: &[f32],
     stride: usize,
     off: usize,
     k0: usize,
-    block: &[[f32; NR]],
+    block: &[Line],
 ) {
     use std::arch::x86_64::*;
     let mut a = [[_mm256_setzero_ps(); 2]; R];
@@ -301,11 +320,14 @@ unsafe fn tile_avx2<const R: usize>(
     // SAFETY: input `k0` of row `off` is inside `xt` (the caller's contract).
     let mut x = unsafe { xt.as_ptr().add(k0 * stride + off) };
     for w in block {
+        if prefetch {
+            prefetch_ahead(w);
+        }
         // SAFETY: `w` holds 16 floats.
         let (w0, w1) = unsafe {
             (
-                _mm256_loadu_ps(w.as_ptr()),
-                _mm256_loadu_ps(w.as_ptr().add(8)),
+                _mm256_load_ps(w.0.as_ptr()),
+                _mm256_load_ps(w.0.as_ptr().add(8)),
             )
         };
         for (r, a) in a.iter_mut().enumerate() {
@@ -325,6 +347,17 @@ unsafe fn tile_avx2<const R: usize>(
     }
 }
 
+/// Asks for the panel line [`PREFETCH_AHEAD`] lines after `w` in the L2 cache (a hint: an
+/// address past the panels is never read).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead(w: &Line) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    let ahead = std::ptr::from_ref(w).wrapping_add(PREFETCH_AHEAD);
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.cast()) };
+}
+
 /// Dispatches on the tile's row count so that each size is its own fully unrolled kernel.
 #[inline(always)]
 fn tile_rows(
@@ -333,7 +366,7 @@ fn tile_rows(
     stride: usize,
     off: usize,
     k0: usize,
-    block: &[[f32; NR]],
+    block: &[Line],
 ) {
     match acc.len() {
         1 => tile::<1>(acc, xt, stride, off, k0, block),
@@ -354,13 +387,13 @@ fn tile<const R: usize>(
     stride: usize,
     off: usize,
     k0: usize,
-    block: &[[f32; NR]],
+    block: &[Line],
 ) {
     let mut a: [[f32; NR]; R] = std::array::from_fn(|r| acc[r]);
     for (k, w) in block.iter().enumerate() {
         let xs = &xt[(k0 + k) * stride + off..][..R];
         for (a, &xv) in a.iter_mut().zip(xs) {
-            for (a, &w) in a.iter_mut().zip(w) {
+            for (a, &w) in a.iter_mut().zip(&w.0) {
                 *a = xv.mul_add(w, *a);
             }
         }
@@ -1013,14 +1046,14 @@ mod tests {
         let inp = 37;
         let w = values(NR * inp, 5);
         let panels = Panels::pack(&w, inp).unwrap();
-        let (block, _) = panels.data.as_chunks::<NR>();
+        let block = &panels.data;
         for rows in 1..=MR {
             let xt = pack_rows(&values(rows * inp, 6), inp);
             let start: Vec<[f32; NR]> = (0..rows)
                 .map(|r| std::array::from_fn(|j| (r * NR + j) as f32 * 0.01))
                 .collect();
             let (mut fast, mut portable) = (start.clone(), start);
-            tile_dispatch(&mut fast, &xt, 3, &block[3..30]);
+            tile_dispatch(true, &mut fast, &xt, 3, &block[3..30]);
             for (c, p) in portable.chunks_mut(MR_NARROW).enumerate() {
                 tile_rows(p, &xt, rows, c * MR_NARROW, 3, &block[3..30]);
             }
