@@ -8,7 +8,7 @@
 //! for all sequences), and attends per sequence against that sequence's own cache. It returns the
 //! logits of the last new token of each sequence.
 //!
-//! Other devices and dtypes run the model's own layer definition ([`DecoderLayer::forward`]) with
+//! Other devices and dtypes run the model's own layer definition (`DecoderLayer::forward`) with
 //! attention over the caches. On the CPU in f32 (the usual sampling setup) the whole step runs on
 //! host buffers made from the same weights and rotary tables: fused projections (q/k/v in one
 //! product, gate/up in one), the kernels of [`crate::ops`]' decode module, and one attention kernel

@@ -1,6 +1,6 @@
 //! The decoder layer of every supported architecture (Qwen3, Qwen2, Llama), defined once: its weights as named fields, how they are
 //! named in a Hugging Face checkpoint, the rotary tables, and the layer's math. The training
-//! forward pass and the KV-cache decoder run [`DecoderLayer::forward`] (they differ only in how
+//! forward pass and the KV-cache decoder run `DecoderLayer::forward` (they differ only in how
 //! attention sees past tokens); the f32 host decoder reads the same weights and rotary tables and is
 //! held to this definition by the tests that all three agree.
 

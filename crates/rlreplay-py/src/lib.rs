@@ -3,7 +3,7 @@
 //! `rlreplay eval`, for Python trainers (verl's `compute_score`, TRL reward functions), and rollout
 //! datasets whose steps are handed to pyarrow through the Arrow C stream interface and audited as
 //! `rlreplay audit` does; the algorithm layer of `rlreplay compute` over NumPy arrays
-//! ([`algo`]); with the `cli` feature, the `rlreplay` command itself ([`cli`]).
+//! (`algo`); with the `cli` feature, the `rlreplay` command itself (`cli`).
 //!
 //! Bad arguments raise `ValueError` naming the argument; verification itself never panics
 //! (rlreplay-reward catches and bounds it), a panic of the algorithm layer is caught, and the GIL

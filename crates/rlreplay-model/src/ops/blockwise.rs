@@ -4,7 +4,7 @@
 //! Both ops compute their forward pass block by block without an autograd graph and recompute
 //! each block in the backward pass, so the graph keeps only their inputs and outputs:
 //!
-//! - [`packed_causal_attention`]: per sequence, blocks of query rows against the keys they may
+//! - [`packed_causal_attention`](super::packed_causal_attention): per sequence, blocks of query rows against the keys they may
 //!   see (FlashAttention-2's schedule at the level of tensor ops): a `[Hkv, G·rows, keys]` score
 //!   block at a time, never `[heads × L × L]` across the backward.
 //! - [`token_logprobs`]: chunks of rows through the lm_head; the `[N, V]` logits are never whole
@@ -278,7 +278,7 @@ impl Attn {
     }
 }
 
-/// The graph node of [`packed_causal_attention`].
+/// The graph node of [`packed_causal_attention`](super::packed_causal_attention).
 struct AttentionNode {
     attn: Attn,
     offsets: Vec<usize>,

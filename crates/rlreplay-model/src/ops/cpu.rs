@@ -74,7 +74,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// `x = exp(x)` for every element of `xs`: [`exp_f32`] (within 2 ulp; 0 below the normal range),
+/// `x = exp(x)` for every element of `xs`: `exp_f32` (within 2 ulp; 0 below the normal range),
 /// with AVX-512 or AVX2 + FMA code where the CPU has them (the same values: every path computes
 /// the same fused multiply-adds). The kernels' `exp`, also for samplers.
 pub fn exp_f32_slice(xs: &mut [f32]) {

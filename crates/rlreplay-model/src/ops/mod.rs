@@ -33,7 +33,7 @@ pub use blockwise::{LOGIT_ELEMS, SCORE_ELEMS};
 pub use cpu::exp_f32_slice;
 
 /// Whether the blockwise ops replace the CPU kernels and the composite reference: on every device
-/// but the CPU (and, in unit tests, wherever [`force_blockwise`] asks for them).
+/// but the CPU (and, in unit tests, wherever `force_blockwise` asks for them).
 fn blockwise_applies(t: &Tensor) -> bool {
     !t.device().is_cpu() || forced_blockwise()
 }
@@ -98,7 +98,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// [`rope`] of [`rms_norm`] over every head, `rope(rms_norm(x, weight, eps), cos, sin)` for
+/// [`rope`](fn@rope) of [`rms_norm`] over every head, `rope(rms_norm(x, weight, eps), cos, sin)` for
 /// `x: [T, heads, D]` and `weight: [D]`: on the CPU (f32, f64) one op running both kernels.
 pub fn norm_rope(
     x: &Tensor,
@@ -172,7 +172,7 @@ pub fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     project(x, weight, None)
 }
 
-/// [`linear`] with its output split into `heads`: `[T, heads, out / heads]`.
+/// [`linear`](fn@linear) with its output split into `heads`: `[T, heads, out / heads]`.
 pub fn linear_heads(x: &Tensor, weight: &Tensor, heads: usize) -> Result<Tensor> {
     project(x, weight, Some(heads))
 }
@@ -201,7 +201,7 @@ fn project(x: &Tensor, weight: &Tensor, heads: Option<usize>) -> Result<Tensor> 
 }
 
 /// The adapted projection `x · Wᵀ + scale · (x · Aᵀ) · Bᵀ` of a frozen `weight: [out, in]` with
-/// the LoRA adapter `a: [r, in]`, `b: [out, r]` (`x` as in [`linear`]; the output split into
+/// the LoRA adapter `a: [r, in]`, `b: [out, r]` (`x` as in [`linear`](fn@linear); the output split into
 /// `heads` when given), as one node whose backward pass computes `dx`, `dA` and `dB`: on the CPU
 /// (f32, f64) only, so `None` elsewhere or for a weight that tracks gradients.
 pub(crate) fn lora_linear(
@@ -238,7 +238,7 @@ pub(crate) fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The projection with a residual, `residual + x · Wᵀ` (`x` as in [`linear`], `residual:
+/// The projection with a residual, `residual + x · Wᵀ` (`x` as in [`linear`](fn@linear), `residual:
 /// [T, out]`): on the CPU (f32, f64) one op whose gemm accumulates into a copy of the residual
 /// and whose backward hands the residual the output gradient; elsewhere `residual + linear(x, W)`.
 pub fn linear_add(x: &Tensor, weight: &Tensor, residual: &Tensor) -> Result<Tensor> {
@@ -257,7 +257,7 @@ pub fn linear_add(x: &Tensor, weight: &Tensor, residual: &Tensor) -> Result<Tens
 
 /// The gated half of the SwiGLU MLP, `swiglu(x · W_gateᵀ, x · W_upᵀ)` for `x: [T, H]` and
 /// `w_gate`, `w_up: [I, H]`: on the CPU (f32, f64) one op whose backward writes `dx` with one
-/// accumulating gemm; elsewhere [`linear`] twice and [`swiglu`].
+/// accumulating gemm; elsewhere [`linear`](fn@linear) twice and [`swiglu`](fn@swiglu).
 pub fn gated_up(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> Result<Tensor> {
     if x.rank() == 2
         && w_gate.rank() == 2
