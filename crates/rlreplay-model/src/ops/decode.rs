@@ -240,6 +240,8 @@ fn tile_dispatch(prefetch: bool, acc: &mut [[f32; NR]], xt: &[f32], k0: usize, b
             return;
         }
     }
+    // The portable tiles leave the prefetching to the hardware.
+    let _ = prefetch;
     for (c, acc) in acc.chunks_mut(MR_NARROW).enumerate() {
         tile_rows(acc, xt, rows, c * MR_NARROW, k0, block);
     }
