@@ -4,9 +4,9 @@
 //! Both ops compute their forward pass block by block without an autograd graph and recompute
 //! each block in the backward pass, so the graph keeps only their inputs and outputs:
 //!
-//! - [`packed_causal_attention`](super::packed_causal_attention): per sequence, blocks of query rows against the keys they may
-//!   see (FlashAttention-2's schedule at the level of tensor ops): a `[Hkv, G·rows, keys]` score
-//!   block at a time, never `[heads × L × L]` across the backward.
+//! - [`packed_causal_attention`](super::packed_causal_attention): per sequence, blocks of query
+//!   rows against the keys they may see (FlashAttention-2's schedule at the level of tensor ops):
+//!   a `[Hkv, G·rows, keys]` score block at a time, never `[heads × L × L]` across the backward.
 //! - [`token_logprobs`]: chunks of rows through the lm_head; the `[N, V]` logits are never whole
 //!   and no chunk's logits outlive its step.
 //!

@@ -277,7 +277,7 @@ unsafe fn tile_avx512<const R: usize>(
         if prefetch {
             prefetch_ahead(w);
         }
-        // SAFETY: `w` holds 16 floats.
+        // SAFETY: `w` is 16 floats aligned to 64 bytes (a `Line`).
         let wv = unsafe { _mm512_load_ps(w.0.as_ptr()) };
         for (r, a) in a.iter_mut().enumerate() {
             // SAFETY: rows `off..off + R` of this input are inside `xt` (the caller's contract).
@@ -325,7 +325,7 @@ unsafe fn tile_avx2<const R: usize>(
         if prefetch {
             prefetch_ahead(w);
         }
-        // SAFETY: `w` holds 16 floats.
+        // SAFETY: `w` is 16 floats aligned to 64 bytes (a `Line`).
         let (w0, w1) = unsafe {
             (
                 _mm256_load_ps(w.0.as_ptr()),
