@@ -523,6 +523,42 @@ pub(crate) struct AttnDims {
     pub scale: f32,
 }
 
+/// One KV head of a cached sequence: the head's slice of every key and value row.
+#[derive(Clone, Copy)]
+struct KvHead<'a> {
+    seq: &'a CachedSeq<'a>,
+    /// First element of the head in a cache row.
+    col: usize,
+    /// Elements per cache row (`Hkv·D`).
+    kv_width: usize,
+    /// Head dimension.
+    d: usize,
+}
+
+impl<'a> KvHead<'a> {
+    /// The head's key at position `j`.
+    #[inline(always)]
+    fn key(&self, j: usize) -> &'a [f32] {
+        let start = j * self.kv_width + self.col;
+        &self.seq.k[start..start + self.d]
+    }
+
+    /// The head's value at position `j`.
+    #[inline(always)]
+    fn value(&self, j: usize) -> &'a [f32] {
+        let start = j * self.kv_width + self.col;
+        &self.seq.v[start..start + self.d]
+    }
+
+    /// The cache's keys from the head's key at `j0` to the end of its key at `j0 + n - 1`
+    /// (`n ≥ 1`; key `j0 + i` starts at `i · kv_width`).
+    #[inline(always)]
+    fn keys(&self, j0: usize, n: usize) -> &'a [f32] {
+        let start = j0 * self.kv_width + self.col;
+        &self.seq.k[start..start + (n - 1) * self.kv_width + self.d]
+    }
+}
+
 /// Query rows per parallel task.
 const ROWS_PER_TASK: usize = 8;
 
@@ -645,12 +681,16 @@ impl Unit<'_> {
             let o = &mut out[i * hq * d..(i + 1) * hq * d];
             for g in 0..hkv {
                 let heads = g * per * d..(g + 1) * per * d;
+                let kv = KvHead {
+                    seq,
+                    col: g * d,
+                    kv_width,
+                    d,
+                };
                 attend_group_avx512::<NV>(
                     &mut o[heads.clone()],
                     &q[heads],
-                    seq,
-                    g * d,
-                    kv_width,
+                    kv,
                     &mut scores[..per * visible],
                     scale,
                 );
@@ -681,13 +721,16 @@ impl Unit<'_> {
             let q = &self.q[i * self.width..i * self.width + hq * d];
             let o = &mut out[i * hq * d..(i + 1) * hq * d];
             for h in 0..hq {
-                let g = h / (hq / hkv);
+                let kv = KvHead {
+                    seq,
+                    col: h / (hq / hkv) * d,
+                    kv_width,
+                    d,
+                };
                 attend(
                     &mut o[h * d..(h + 1) * d],
                     &q[h * d..(h + 1) * d],
-                    seq,
-                    g * d,
-                    kv_width,
+                    kv,
                     &mut scores[..visible],
                     scale,
                     dot,
@@ -783,29 +826,23 @@ fn exp_from_max(scores: &mut [f32]) -> f32 {
     sum(scores)
 }
 
-/// One query head over the first `scores.len()` positions of KV head columns `col..col + D`.
+/// One query head over the first `scores.len()` positions of the KV head `kv`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn attend(
     out: &mut [f32],
     q: &[f32],
-    seq: &CachedSeq<'_>,
-    col: usize,
-    kv_width: usize,
+    kv: KvHead<'_>,
     scores: &mut [f32],
     scale: f32,
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
-    let d = q.len();
     for (j, s) in scores.iter_mut().enumerate() {
-        let k = &seq.k[j * kv_width + col..j * kv_width + col + d];
-        *s = dot(q, k) * scale;
+        *s = dot(q, kv.key(j)) * scale;
     }
     let total = exp_from_max(scores);
     out.fill(0.0);
     for (j, &p) in scores.iter().enumerate() {
-        let v = &seq.v[j * kv_width + col..j * kv_width + col + d];
-        for (o, &v) in out.iter_mut().zip(v) {
+        for (o, &v) in out.iter_mut().zip(kv.value(j)) {
             *o += p * v;
         }
     }
@@ -818,17 +855,10 @@ fn attend(
 /// together by lane shuffles in [`fold16`]'s order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn head_scores_avx512<const NV: usize>(
-    scores: &mut [f32],
-    q: &[f32],
-    seq: &CachedSeq<'_>,
-    col: usize,
-    kv_width: usize,
-    scale: f32,
-) {
+fn head_scores_avx512<const NV: usize>(scores: &mut [f32], q: &[f32], kv: KvHead<'_>, scale: f32) {
     use std::arch::x86_64::*;
     let d = 16 * NV;
-    assert!(q.len() == d, "attention head of {d} elements");
+    assert!(q.len() == d && kv.d == d, "attention head of {d} elements");
     // What `fold16` adds for the (empty) tail of a head of whole vectors.
     let tail = _mm512_set1_ps(std::iter::empty::<f32>().sum::<f32>());
     let scale_v = _mm512_set1_ps(scale);
@@ -843,14 +873,14 @@ fn head_scores_avx512<const NV: usize>(
     let mut j0 = 0;
     for block in &mut blocks {
         // The 16 keys' chains side by side, each over the head's vectors in order.
-        let block_keys = &seq.k[j0 * kv_width + col..(j0 + 15) * kv_width + col + d];
+        let block_keys = kv.keys(j0, 16);
         let mut acc = [_mm512_setzero_ps(); 16];
         for (c, &qc) in qv.iter().enumerate() {
             for (key, a) in acc.iter_mut().enumerate() {
                 // SAFETY: key `key` of the block starts at `key · kv_width` and holds 16 · NV
                 // floats, inside `block_keys`.
                 let kc =
-                    unsafe { _mm512_loadu_ps(block_keys.as_ptr().add(key * kv_width + 16 * c)) };
+                    unsafe { _mm512_loadu_ps(block_keys.as_ptr().add(key * kv.kv_width + 16 * c)) };
                 *a = _mm512_add_ps(*a, _mm512_mul_ps(qc, kc));
             }
         }
@@ -886,12 +916,11 @@ fn head_scores_avx512<const NV: usize>(
         j0 += 16;
     }
     for (j, s) in blocks.into_remainder().iter_mut().enumerate() {
-        let k = &seq.k[(j0 + j) * kv_width + col..][..d];
-        *s = head_dot_avx512(q, k) * scale;
+        *s = head_dot_avx512(q, kv.key(j0 + j)) * scale;
     }
 }
 
-/// [`attend`] with [`head_dot`]'s bits for the query heads that share the KV head at `col`
+/// [`attend`] with [`head_dot`]'s bits for the query heads that share the KV head `kv`
 /// (`q` and `out`: `[heads, 16 · NV]`; `scores`: one row per head): each head's scores by
 /// [`head_scores_avx512`]'s blocked dot products, then the heads' weighted sums of the values in one
 /// pass over them ([`weighted_values_avx512`]), each value row loaded once for all the heads.
@@ -900,9 +929,7 @@ fn head_scores_avx512<const NV: usize>(
 fn attend_group_avx512<const NV: usize>(
     out: &mut [f32],
     q: &[f32],
-    seq: &CachedSeq<'_>,
-    col: usize,
-    kv_width: usize,
+    kv: KvHead<'_>,
     scores: &mut [f32],
     scale: f32,
 ) {
@@ -912,7 +939,7 @@ fn attend_group_avx512<const NV: usize>(
     let mut totals = vec![0f32; heads];
     for (h, total) in totals.iter_mut().enumerate() {
         let s = &mut scores[h * len..(h + 1) * len];
-        head_scores_avx512::<NV>(s, &q[h * d..(h + 1) * d], seq, col, kv_width, scale);
+        head_scores_avx512::<NV>(s, &q[h * d..(h + 1) * d], kv, scale);
         *total = exp_from_max(s);
     }
     // Up to 16 accumulator registers per pass.
@@ -925,37 +952,37 @@ fn attend_group_avx512<const NV: usize>(
             &scores[h0 * len..(h0 + n) * len],
             &totals[h0..h0 + n],
         );
-        let v = (seq, col, kv_width, len);
         match n {
-            1 => weighted_values_avx512::<NV, 1>(o, p, t, v),
-            2 => weighted_values_avx512::<NV, 2>(o, p, t, v),
-            3 => weighted_values_avx512::<NV, 3>(o, p, t, v),
-            _ => weighted_values_avx512::<NV, 4>(o, p, t, v),
+            1 => weighted_values_avx512::<NV, 1>(o, p, t, kv),
+            2 => weighted_values_avx512::<NV, 2>(o, p, t, kv),
+            3 => weighted_values_avx512::<NV, 3>(o, p, t, kv),
+            _ => weighted_values_avx512::<NV, 4>(o, p, t, kv),
         }
         h0 += n;
     }
 }
 
-/// `out[h] = Σ_j probs[h][j] · V[j] / totals[h]` for `H` heads over the values at `col` of the
-/// first `len` positions, the sums in position order as [`attend`] adds them: one pass over the
-/// values, `H · NV` independent chains in registers.
+/// `out[h] = Σ_j probs[h][j] · V[j] / totals[h]` for `H` heads over the values of `kv` at the
+/// first `len = probs.len() / H` positions, the sums in position order as [`attend`] adds them:
+/// one pass over the values, `H · NV` independent chains in registers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn weighted_values_avx512<const NV: usize, const H: usize>(
     out: &mut [f32],
     probs: &[f32],
     totals: &[f32],
-    (seq, col, kv_width, len): (&CachedSeq<'_>, usize, usize, usize),
+    kv: KvHead<'_>,
 ) {
     use std::arch::x86_64::*;
     let d = 16 * NV;
+    let len = probs.len() / H;
     assert!(
-        out.len() == H * d && probs.len() == H * len && totals.len() == H,
+        kv.d == d && out.len() == H * d && probs.len() == H * len && totals.len() == H,
         "weighted values of {H} heads of {d} over {len} positions"
     );
     let mut o = [[_mm512_setzero_ps(); NV]; H];
     for j in 0..len {
-        let v = &seq.v[j * kv_width + col..][..d];
+        let v = kv.value(j);
         // SAFETY: `v` holds 16 · NV floats.
         let vc: [__m512; NV] =
             std::array::from_fn(|c| unsafe { _mm512_loadu_ps(v.as_ptr().add(16 * c)) });
@@ -1098,23 +1125,25 @@ mod tests {
                         let (k, v) = (values(len * kv_width, 3), values(len * kv_width, 4));
                         let q = values(heads * d, 5);
                         let seq = CachedSeq { k: &k, v: &v, n: 1 };
+                        let kv = KvHead {
+                            seq: &seq,
+                            col: d,
+                            kv_width,
+                            d,
+                        };
                         let mut want = vec![0f32; heads * d];
                         for (o, q) in want.chunks_exact_mut(d).zip(q.chunks_exact(d)) {
                             let mut s = vec![0f32; len];
-                            attend(o, q, &seq, d, kv_width, &mut s, 0.125, head_dot);
+                            attend(o, q, kv, &mut s, 0.125, head_dot);
                         }
                         let mut got = vec![0f32; heads * d];
                         let mut s = vec![0f32; heads * len];
                         // SAFETY: the CPU supports AVX-512F.
                         unsafe {
                             if d == 64 {
-                                attend_group_avx512::<4>(
-                                    &mut got, &q, &seq, d, kv_width, &mut s, 0.125,
-                                )
+                                attend_group_avx512::<4>(&mut got, &q, kv, &mut s, 0.125)
                             } else {
-                                attend_group_avx512::<8>(
-                                    &mut got, &q, &seq, d, kv_width, &mut s, 0.125,
-                                )
+                                attend_group_avx512::<8>(&mut got, &q, kv, &mut s, 0.125)
                             }
                         };
                         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
